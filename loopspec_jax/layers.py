@@ -57,7 +57,9 @@ def apply_rope(x, pos, cfg: ModelConfig):
   return out.astype(x.dtype)
 
 
-Segment = tuple  # (k [B, T, KV, D], v [B, T, KV, D], mask [B, S, T] bool)
+# (k, v, mask): k/v [B, T, KV, D] shared by all queries, or [B, S, T, KV, D] per query (speculative lanes,
+# each reading its own recurrent step's slot); mask [B, S, T] bool.
+Segment = tuple
 
 
 def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
@@ -68,7 +70,8 @@ def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
   scale = 1.0 / math.sqrt(d)
   scores = []
   for k, _, mask in segments:
-    sc = jnp.einsum("bskgd,btkd->bkgst", qg, k, preferred_element_type=jnp.float32) * scale
+    eq = "bskgd,bstkd->bkgst" if k.ndim == 5 else "bskgd,btkd->bkgst"
+    sc = jnp.einsum(eq, qg, k, preferred_element_type=jnp.float32) * scale
     scores.append(jnp.where(mask[:, None, None], sc, NEG_INF))
   sizes = [sc.shape[-1] for sc in scores]
   probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
@@ -76,7 +79,8 @@ def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
   start = 0
   for (_, v, _), n in zip(segments, sizes):
     pr = probs[..., start:start + n].astype(v.dtype)
-    out = out + jnp.einsum("bkgst,btkd->bskgd", pr, v, preferred_element_type=jnp.float32)
+    eq = "bkgst,bstkd->bskgd" if v.ndim == 5 else "bkgst,btkd->bskgd"
+    out = out + jnp.einsum(eq, pr, v, preferred_element_type=jnp.float32)
     start += n
   return out.reshape(b, s, h * d).astype(q.dtype)
 

@@ -1,4 +1,5 @@
 """Tests of the verification kernels: exact (enumerated) and sampled output distributions, greedy, guards."""
+import functools
 import os
 import sys
 
@@ -37,6 +38,7 @@ def chi2_pvalue(counts, probs):
   return stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def rand_dist(key, v, kind="dense"):
   """A random distribution over v tokens; "sparse" has zeros (top-k / top-p filtered)."""
   logits = jax.random.normal(key, (v,)) * 1.5
@@ -67,7 +69,12 @@ def make_case(seed, v, kind):
 
 _accept_all = jax.jit(jax.vmap(verify.acceptance_prob, in_axes=(None, None, 0)))
 _second_all = jax.jit(jax.vmap(verify.second_proposal, in_axes=(None, None, 0, None)))
-_residual_rows = jax.jit(jax.vmap(verify.residual, in_axes=(None, 0, None)))
+_accept_rows = jax.jit(jax.vmap(_accept_all, in_axes=(None, 0, None)))  # [proposal row, token]
+_residual = jax.jit(verify.residual)
+_residual_rows = jax.jit(jax.vmap(verify.residual, in_axes=(None, 0, None)))  # fallback shared
+_cascade1 = jax.jit(verify.verify_cascade)
+_second1 = jax.jit(verify.second_proposal)
+_chain1 = jax.jit(verify.verify_chain)
 
 
 def exact_cascade(p, q1, p_d2, q2_override=None):
@@ -79,12 +86,15 @@ def exact_cascade(p, q1, p_d2, q2_override=None):
   xs = jnp.arange(v)
   q1n = np.asarray(q1, np.float64)
   a1 = np.asarray(_accept_all(p, q1, xs), np.float64)
-  f = verify.residual(p, q1)
+  f = _residual(p, q1)
   gates, _, q2s = _second_all(KEY0, q1, xs, p_d2)
-  gates, q2s = np.asarray(gates), np.asarray(q2s)
+  gates = np.asarray(gates)
   if q2_override is not None:
     gates = np.ones(v, bool)
-    q2s = np.broadcast_to(np.asarray(q2_override), (v, v))
+    q2s = jnp.broadcast_to(q2_override, (v, v))
+  a2s = np.asarray(_accept_rows(f, q2s, xs), np.float64)  # [x1, x2]
+  gs = np.asarray(_residual_rows(f, q2s, f), np.float64)  # [x1, V]
+  q2s = np.asarray(q2s, np.float64)
   fn = np.asarray(f, np.float64)
   out, stage, gate_mass = np.zeros(v), np.zeros(3), 0.0
   for x1 in range(v):
@@ -98,10 +108,7 @@ def exact_cascade(p, q1, p_d2, q2_override=None):
       stage[0] += rej
       continue
     gate_mass += q1n[x1]
-    q2 = jnp.asarray(q2s[x1])
-    a2 = np.asarray(_accept_all(f, q2, xs), np.float64)
-    g = np.asarray(verify.residual(f, q2, fallback=f), np.float64)
-    q2n = np.asarray(q2, np.float64)
+    a2, g, q2n = a2s[x1], gs[x1], q2s[x1]
     for x2 in range(v):
       if q2n[x2] == 0:
         continue
@@ -116,7 +123,7 @@ def exact_single(p, q1):
   """Single-proposal rule: P(y) = min(q1, p)(y) + P(reject) * F(y)."""
   a1 = np.asarray(_accept_all(p, q1, jnp.arange(p.shape[0])), np.float64)
   acc = np.asarray(q1, np.float64) * a1
-  return acc + (1 - acc.sum()) * np.asarray(verify.residual(p, q1), np.float64)
+  return acc + (1 - acc.sum()) * np.asarray(_residual(p, q1), np.float64)
 
 
 KINDS = ["dense", "sparse", "close", "d2_is_q1", "d2_is_p", "p_is_q1", "partly_sparse"]
@@ -225,9 +232,10 @@ def test_cascade_greedy_all_argmax_combinations():
     y, stage = verify.verify_cascade(ks[5], p, x1, q1, gate, x2, q2)
     return x1, gate, x2, y, stage
 
+  run = jax.jit(jax.vmap(one))
   for rep in range(3):
     keys = jax.random.split(jax.random.PRNGKey(rep), n)
-    x1, gate, x2, y, stage = (np.asarray(t) for t in jax.jit(jax.vmap(one))(keys, a, b, c))
+    x1, gate, x2, y, stage = (np.asarray(t) for t in run(keys, a, b, c))
     a_, b_, c_ = np.asarray(a), np.asarray(b), np.asarray(c)
     np.testing.assert_array_equal(x1, a_)
     np.testing.assert_array_equal(gate, b_ != a_)
@@ -242,17 +250,16 @@ def test_cascade_greedy_all_argmax_combinations():
 def test_acceptance_prob_guards():
   p = jnp.array([0.5, 0.5, 0.0, 0.0])
   q = jnp.array([0.25, 0.0, 0.0, 0.75])
-  got = [float(verify.acceptance_prob(p, q, x)) for x in range(4)]
-  assert got == [1.0, 1.0, 0.0, 0.0]
+  np.testing.assert_array_equal(_accept_all(p, q, jnp.arange(4)), [1.0, 1.0, 0.0, 0.0])
   np.testing.assert_allclose(float(verify.acceptance_prob(q, p, 0)), 0.5)
 
 
 def test_residual_guards():
   p = jnp.array([0.2, 0.3, 0.5])
-  np.testing.assert_allclose(verify.residual(p, p), p)  # no mass: norm(p)
-  np.testing.assert_allclose(verify.residual(p, p + 0.01, fallback=jnp.array([0.0, 1.0, 0.0])), [0, 1, 0])
-  np.testing.assert_allclose(verify.residual(p, jnp.array([0.4, 0.3, 0.3])), [0, 0, 1])
-  assert np.isfinite(np.asarray(verify.residual(p * 2, p * 2))).all()
+  np.testing.assert_allclose(_residual(p, p), p)  # no mass: norm(p)
+  np.testing.assert_allclose(_residual(p, p + 0.01, fallback=jnp.array([0.0, 1.0, 0.0])), [0, 1, 0])
+  np.testing.assert_allclose(_residual(p, jnp.array([0.4, 0.3, 0.3])), [0, 0, 1])
+  assert np.isfinite(np.asarray(_residual(p * 2, p * 2))).all()
 
 
 def test_cascade_p_equals_q1_always_accepts():
@@ -273,14 +280,14 @@ def test_cascade_no_mass_fallbacks():
   # F has no mass (p <= q1 everywhere): x1 = 2 is always rejected and y ~ norm(p).
   p = jnp.array([0.5, 0.5, 0.0, 0.0])
   q1 = jnp.array([0.5, 0.5, 0.1, 0.0])
-  y, stage = jax.vmap(lambda k: verify.verify_cascade(k, p, 2, q1, False, -1, jnp.zeros(4)))(keys)
+  y, stage = jax.jit(jax.vmap(lambda k: verify.verify_cascade(k, p, 2, q1, False, -1, jnp.zeros(4))))(keys)
   assert (np.asarray(stage) == 0).all()
   assert chi2_pvalue(np.bincount(np.asarray(y), minlength=4), p) > 1e-3
   # F - q2 has no mass: x2 = 3 is always rejected and y ~ F = [0, 0, 1, 0].
   p = jnp.array([0.2, 0.3, 0.5, 0.0])
   q1 = jnp.array([0.4, 0.3, 0.3, 0.0])
   q2 = jnp.array([0.0, 0.0, 1.0, 0.1])
-  y, stage = jax.vmap(lambda k: verify.verify_cascade(k, p, 0, q1, True, 3, q2))(keys)
+  y, stage = jax.jit(jax.vmap(lambda k: verify.verify_cascade(k, p, 0, q1, True, 3, q2)))(keys)
   y, stage = np.asarray(y), np.asarray(stage)
   assert not (stage == 2).any()
   np.testing.assert_array_equal(y[stage == 1], 0)
@@ -306,10 +313,11 @@ def test_chain_first_token_exact(seed, v, kind):
   # And the chain's rule for row 0 is the same building blocks as the single-proposal cascade.
   a = np.asarray(_accept_all(p0, q0, jnp.arange(v)), np.float64)
   acc = np.asarray(q0, np.float64) * a
-  res = np.asarray(verify.residual(p0, q0), np.float64)
+  res = np.asarray(_residual(p0, q0), np.float64)
   np.testing.assert_allclose(acc + (1 - acc.sum()) * res, np.asarray(p0), atol=1e-6)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def make_chain_tables(seed, v, sub="dense"):
   """Prefix-dependent targets/drafts for G=2: p0 [V], p1 [V,V], p2 [V,V,V]; q0 [V], q1 [V,V]."""
   ks = jax.random.split(jax.random.PRNGKey(seed), 5)
@@ -318,25 +326,29 @@ def make_chain_tables(seed, v, sub="dense"):
   return d(ks[0], ()).reshape(v), d(ks[1], (v,)), d(ks[2], (v, v)), d(ks[3], ()).reshape(v), d(ks[4], (v,))
 
 
+_accept_tables = jax.jit(jax.vmap(_accept_all, in_axes=(0, 0, None)))  # [prefix, token]
+_residual_tables = jax.jit(jax.vmap(verify.residual))
+
+
 def exact_chain_joint(p0, p1, q0, q1):
   """Joint of the first two committed tokens of a G=2 chain; a second pass after an early rejection."""
   v = p0.shape[0]
   xs = jnp.arange(v)
   joint = np.zeros((v, v))
   a0 = np.asarray(_accept_all(p0, q0, xs), np.float64)
-  res0 = np.asarray(verify.residual(p0, q0), np.float64)
+  res0 = np.asarray(_residual(p0, q0), np.float64)
   q0n = np.asarray(q0, np.float64)
   rej0 = 1 - (q0n * a0).sum()
   p1n = np.asarray(p1, np.float64)
   joint += rej0 * res0[:, None] * p1n  # n = 0: t0 ~ residual, t1 ~ p1[t0] from the next pass
+  a1s = np.asarray(_accept_tables(p1, q1, xs), np.float64)
+  res1s = np.asarray(_residual_tables(p1, q1), np.float64)
+  q1s = np.asarray(q1, np.float64)
   for x0 in range(v):
     if q0n[x0] == 0:
       continue
-    a1 = np.asarray(_accept_all(p1[x0], q1[x0], xs), np.float64)
-    q1n = np.asarray(q1[x0], np.float64)
-    acc1 = q1n * a1  # n = 2 (t1 = x1)
-    res1 = np.asarray(verify.residual(p1[x0], q1[x0]), np.float64)
-    joint[x0] += q0n[x0] * a0[x0] * (acc1 + (1 - acc1.sum()) * res1)
+    acc1 = q1s[x0] * a1s[x0]  # n = 2 (t1 = x1)
+    joint[x0] += q0n[x0] * a0[x0] * (acc1 + (1 - acc1.sum()) * res1s[x0])
   return joint
 
 
@@ -374,10 +386,11 @@ def test_chain_sampled(seed, sub):
   # Exact distribution of n by enumerating the drafts.
   a0 = np.asarray(_accept_all(p0, q0, jnp.arange(v)), np.float64)
   q0n = np.asarray(q0, np.float64)
+  a1s = np.asarray(_accept_tables(p1, q1, jnp.arange(v)), np.float64)
+  q1s = np.asarray(q1, np.float64)
   pn = np.zeros(3)
   for x0 in range(v):
-    a1 = np.asarray(_accept_all(p1[x0], q1[x0], jnp.arange(v)), np.float64)
-    acc1 = (np.asarray(q1[x0], np.float64) * a1).sum()
+    acc1 = (q1s[x0] * a1s[x0]).sum()
     pn += q0n[x0] * np.array([1 - a0[x0], a0[x0] * (1 - acc1), a0[x0] * acc1])
   assert chi2_pvalue(np.bincount(n, minlength=3), pn) > 1e-3
 
@@ -423,16 +436,20 @@ def test_chain_greedy():
 
 def test_chain_guards_and_empty():
   v, g = 6, 3
-  q = jax.vmap(lambda k: rand_dist(k, v))(jax.random.split(jax.random.PRNGKey(14), g + 1))
   keys = jax.random.split(jax.random.PRNGKey(15), 500)
-  drafts = jax.vmap(lambda k: jax.vmap(sampling.sample_token)(jax.random.split(k, g), q[:g]))(keys)
-  n, _ = jax.vmap(verify.verify_chain, in_axes=(0, None, 0, None))(keys, q, drafts, q[:g])
-  assert (np.asarray(n) == g).all()  # p == q: everything accepted
+
+  @jax.jit
+  def run(keys):
+    q = jax.vmap(lambda k: rand_dist(k, v))(jax.random.split(jax.random.PRNGKey(14), g + 1))
+    drafts = jax.vmap(lambda k: jax.vmap(sampling.sample_token)(jax.random.split(k, g), q[:g]))(keys)
+    return jax.vmap(verify.verify_chain, in_axes=(0, None, 0, None))(keys, q, drafts, q[:g])[0]
+
+  assert (np.asarray(run(keys)) == g).all()  # p == q: everything accepted
   oh = jax.nn.one_hot(jnp.array([1, 4, 2, 0]), v)
-  n, nxt = verify.verify_chain(KEY0, oh, jnp.array([1, 4, 2]), oh[:g])
+  n, nxt = _chain1(KEY0, oh, jnp.array([1, 4, 2]), oh[:g])
   assert int(n) == g and int(nxt) == 0
   # G = 0: just a draw from p[0].
-  n, nxt = verify.verify_chain(KEY0, oh[:1], jnp.zeros((0,), jnp.int32), jnp.zeros((0, v)))
+  n, nxt = _chain1(KEY0, oh[:1], jnp.zeros((0,), jnp.int32), jnp.zeros((0, v)))
   assert int(n) == 0 and int(nxt) == 1
 
 
@@ -454,12 +471,11 @@ def test_kernels_vmap_and_jit_match_single_calls():
   chex.assert_shape([q2, r], (b, v))
   chex.assert_type([x2, y, stage], jnp.int32)
   for i in range(b):
-    g1, x21, q21 = verify.second_proposal(keys[i], q1[i], x1[i], p_d2[i])
+    g1, x21, q21 = _second1(keys[i], q1[i], x1[i], p_d2[i])
     assert bool(g1) == bool(gate[i]) and int(x21) == int(x2[i])
     np.testing.assert_allclose(q21, q2[i], atol=1e-7)
-    y1, s1 = verify.verify_cascade(keys[i], p[i], x1[i], q1[i], gate[i], x2[i], q2[i])
+    y1, s1 = _cascade1(keys[i], p[i], x1[i], q1[i], gate[i], x2[i], q2[i])
     assert int(y1) == int(y[i]) and int(s1) == int(stage[i])
-    np.testing.assert_allclose(verify.acceptance_prob(p[i], q1[i], x1[i]), a[i], atol=1e-7)
   # Chain, batched over requests.
   g = 3
   pc = jnp.broadcast_to(p[:, None], (b, g + 1, v))
@@ -468,5 +484,5 @@ def test_kernels_vmap_and_jit_match_single_calls():
   n, nxt = jax.jit(jax.vmap(verify.verify_chain))(keys, pc, dr, qc)
   chex.assert_shape([n, nxt], (b,))
   for i in range(b):
-    n1, nx1 = verify.verify_chain(keys[i], pc[i], dr[i], qc[i])
+    n1, nx1 = _chain1(keys[i], pc[i], dr[i], qc[i])
     assert int(n1) == int(n[i]) and int(nx1) == int(nxt[i])
