@@ -76,11 +76,15 @@ SETTINGS = [
 ]
 
 
+# One compile for every setting: temperature, top_k and top_p are traced.
+_process = jax.jit(lambda l, t, k, p: sampling.process_logits(l, greedy=False, temperature=t, top_k=k, top_p=p))
+LOGITS = np.random.default_rng(3).normal(size=(4, 12)).astype(np.float32) * 2.0
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
 def test_process_logits_matches_numpy(temperature, top_k, top_p):
-  logits = jax.random.normal(jax.random.PRNGKey(3), (4, 12)) * 2.0
-  fn = jax.jit(lambda l, t, k, p: sampling.process_logits(l, greedy=False, temperature=t, top_k=k, top_p=p))
-  got = np.asarray(fn(logits, jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p)))
+  logits = LOGITS
+  got = np.asarray(_process(logits, np.float32(temperature), np.int32(top_k), np.float32(top_p)))
   assert got.dtype == np.float32
   for row in range(logits.shape[0]):
     want = np_process(np.asarray(logits[row]), temperature, top_k, top_p)
@@ -90,12 +94,11 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
 
 
 def test_process_logits_per_row_settings_and_leading_shape():
-  logits = jax.random.normal(jax.random.PRNGKey(5), (2, 3, 10)) * 3.0
+  logits = np.random.default_rng(5).normal(size=(2, 3, 10)).astype(np.float32) * 3.0
   t = jnp.array([[1.0, 0.5, 2.0], [0.9, 1.1, 1.0]])
   k = jnp.array([[0, 2, 5], [3, 0, 1]])
   p = jnp.array([[1.0, 0.9, 0.6], [1.0, 0.4, 1.0]])
-  got = np.asarray(jax.jit(lambda *a: sampling.process_logits(a[0], greedy=False, temperature=a[1],
-                                                              top_k=a[2], top_p=a[3]))(logits, t, k, p))
+  got = np.asarray(_process(logits, t, k, p))
   chex.assert_shape(got, (2, 3, 10))
   for i in range(2):
     for j in range(3):
