@@ -58,7 +58,7 @@ def prompt_noise(sp: SamplingParams, b: int, t: int, cfg: ModelConfig, random_in
 def full_depth_token_step(params, cache, tok, pos, noise, layout: M.SlotLayout, cfg: ModelConfig):
   """Processes one token per request at position pos [B] through every depth; returns (logits [B,V], cache)."""
   b = tok.shape[0]
-  t = cache["k"].shape[2]
+  t = cache["k"].shape[3]
   q = pos[:, None]
   mask = (jnp.arange(t)[None, None, :] < pos[:, None, None])  # [B, 1, T]: the committed prefix
   self_mask = jnp.ones((b, 1, 1), bool)

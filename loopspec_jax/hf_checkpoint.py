@@ -344,6 +344,8 @@ def read_hf(path: str, family: Optional[str] = None, dtype: str = "float32"):
   names = files.names()
   fam = family or detect_family(hf_cfg, names)
   cfg = config_from_hf(hf_cfg, fam, dtype=dtype, where=path)
+  if fam == "ouro" and not any(n.startswith("model.early_exit_gate.") for n in names):
+    cfg = cfg.replace(has_exit_gate=False)  # the gate is unused by decoding; write_hf omits it when absent
   expected = _expected_tensors(cfg)
   ignorable = _IGNORABLE.get(fam, set())
   missing = sorted(set(expected) - names)

@@ -1,6 +1,6 @@
 """The committed-prefix KV cache: one slot per (recurrent step, layer), plus prelude and coda slots.
 
-A cache is a plain dict pytree {'k', 'v'} of shape [n_slots, B, T, KV, D]; which slot holds what is given by
+A cache is a plain dict pytree {'k', 'v'} of shape [n_slots, B, KV, T, D] (heads before positions); which slot holds what is given by
 `model.SlotLayout`. Prefill fills a whole prompt at every depth; decoders append one position at a time.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ from loopspec_jax.config import ModelConfig
 
 
 def empty_cache(cfg: ModelConfig, layout: M.SlotLayout, batch: int, length: int):
-  shape = (layout.n_slots, batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (layout.n_slots, batch, cfg.num_kv_heads, length, cfg.head_dim)
   dt = jnp.dtype(cfg.dtype)
   return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
 
 
 def slot_view(cache, slot):
-  """(k, v) of one slot, [B, T, KV, D]; `slot` may be traced."""
+  """(k, v) of one slot, [B, KV, T, D]; `slot` may be traced."""
   return (jax.lax.dynamic_index_in_dim(cache["k"], slot, 0, keepdims=False),
           jax.lax.dynamic_index_in_dim(cache["v"], slot, 0, keepdims=False))
 
@@ -37,8 +37,10 @@ def write_block(cache, base, k, v):
   if k.shape[0] == 0:
     return cache
   idx = (base, 0, 0, 0, 0)
-  return {"k": jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx),
-          "v": jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx)}
+  k = k.transpose(0, 1, 3, 2, 4).astype(cache["k"].dtype)  # [L, B, KV, S, D]
+  v = v.transpose(0, 1, 3, 2, 4).astype(cache["v"].dtype)
+  return {"k": jax.lax.dynamic_update_slice(cache["k"], k, idx),
+          "v": jax.lax.dynamic_update_slice(cache["v"], v, idx)}
 
 
 def write_positions(cache, base, k, v, pos):
@@ -50,8 +52,9 @@ def write_positions(cache, base, k, v, pos):
   slots = (base + jnp.arange(n))[:, None, None]
   bidx = jnp.arange(b)[None, :, None]
   p = pos[None]
-  return {"k": cache["k"].at[slots, bidx, p].set(k.astype(cache["k"].dtype), mode="drop"),
-          "v": cache["v"].at[slots, bidx, p].set(v.astype(cache["v"].dtype), mode="drop")}
+  # Advanced indices around a slice: the indexed dims [L, B, S] lead, then KV, D (the layout of k).
+  return {"k": cache["k"].at[slots, bidx, :, p].set(k.astype(cache["k"].dtype), mode="drop"),
+          "v": cache["v"].at[slots, bidx, :, p].set(v.astype(cache["v"].dtype), mode="drop")}
 
 
 def prefill(params, tokens, lengths, cache, cfg: ModelConfig, layout: M.SlotLayout, readout_depths: tuple,

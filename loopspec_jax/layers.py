@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 
 NEG_INF = -1e30
+UNROLL_LAYERS = 4
 
 
 def rms_norm(x, w, eps):
@@ -57,8 +58,9 @@ def apply_rope(x, pos, cfg: ModelConfig):
   return out.astype(x.dtype)
 
 
-# (k, v, mask): k/v [B, T, KV, D] shared by all queries, or [B, S, T, KV, D] per query (speculative lanes,
-# each reading its own recurrent step's slot); mask [B, S, T] bool.
+# (k, v, mask): k/v [B, KV, T, D] shared by all queries, or [B, S, KV, T, D] per query (speculative lanes,
+# each reading its own recurrent step's slot); mask [B, S, T] bool. Heads before positions so that a
+# gathered slot feeds the attention dot without a transpose.
 Segment = tuple
 
 
@@ -70,7 +72,7 @@ def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
   scale = 1.0 / math.sqrt(d)
   scores = []
   for k, _, mask in segments:
-    eq = "bskgd,bstkd->bkgst" if k.ndim == 5 else "bskgd,btkd->bkgst"
+    eq = "bskgd,bsktd->bkgst" if k.ndim == 5 else "bskgd,bktd->bkgst"
     sc = jnp.einsum(eq, qg, k, preferred_element_type=jnp.float32) * scale
     scores.append(jnp.where(mask[:, None, None], sc, NEG_INF))
   sizes = [sc.shape[-1] for sc in scores]
@@ -79,7 +81,7 @@ def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
   start = 0
   for (_, v, _), n in zip(segments, sizes):
     pr = probs[..., start:start + n].astype(v.dtype)
-    eq = "bkgst,bstkd->bskgd" if v.ndim == 5 else "bkgst,btkd->bskgd"
+    eq = "bkgst,bsktd->bskgd" if v.ndim == 5 else "bkgst,bktd->bskgd"
     out = out + jnp.einsum(eq, pr, v, preferred_element_type=jnp.float32)
     start += n
   return out.reshape(b, s, h * d).astype(q.dtype)
@@ -106,7 +108,8 @@ def attention_sublayer(p, x, pos, self_mask, ctx: Sequence[Segment], cfg: ModelC
     k = k + p["qk_bias"][1].astype(k.dtype)
   q = apply_rope(q, pos, cfg)
   k = apply_rope(k, pos, cfg)
-  o = attention(q, list(ctx) + [(k, v, self_mask)], cfg)
+  own = (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), self_mask)
+  o = attention(q, list(ctx) + [own], cfg)
   return o @ p["wo"], (k, v)
 
 
@@ -161,5 +164,6 @@ def run_stack(stack, x, pos, self_mask, ctx_fn: CtxFn, cfg: ModelConfig):
     h, (k, v) = block(p, h, pos, self_mask, ctx_fn(l), cfg)
     return h, (k, v)
 
-  x, (ks, vs) = jax.lax.scan(body, x, (stack, jnp.arange(n)))
+  # Small stacks are unrolled: on CPU a loop iteration costs as much as a tiny layer.
+  x, (ks, vs) = jax.lax.scan(body, x, (stack, jnp.arange(n)), unroll=bool(n <= UNROLL_LAYERS))
   return x, ks, vs

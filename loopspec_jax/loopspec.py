@@ -65,8 +65,8 @@ class LoopSpecStats:
 
 @chex.dataclass
 class LoopSpecState:
-  cache: dict  # committed prefix {'k','v'} [n_slots, B, T, KV, D]
-  spec: dict  # speculative entries {'k','v'} [n_slots, B, N, KV, D]
+  cache: dict  # committed prefix {'k','v'} [n_slots, B, KV, T, D]
+  spec: dict  # speculative entries {'k','v'} [n_slots, B, KV, N, D]
   lanes: LaneTable
   tokens: jax.Array  # [B, T]
   length: jax.Array  # [B] committed tokens; the prefix holds positions < length - 1
@@ -110,7 +110,7 @@ def validate(cfg: ModelConfig, d1, d2, capacity):
 # Lane-batched model calls
 # ---------------------------------------------------------------------------------------------------
 def _gather_slots(store, slot):
-  """store [n_slots, B, X, KV, D], slot [B, N] -> [B, N, X, KV, D] (each lane's own slot)."""
+  """store [n_slots, B, KV, X, D], slot [B, N] -> [B, N, KV, X, D] (each lane's own slot)."""
   b = slot.shape[0]
   return store[jnp.clip(slot, 0, store.shape[0] - 1), jnp.arange(b)[:, None]]
 
@@ -135,12 +135,12 @@ def write_lanes(spec, slot_base, k, v, write):
   n_layers = k.shape[0]
   if n_layers == 0:
     return spec
-  n_slots, b, n = spec["k"].shape[:3]
+  n_slots, b, _, n = spec["k"].shape[:4]
   slots = jnp.where(write[None], slot_base[None] + jnp.arange(n_layers)[:, None, None], n_slots)
   bidx = jnp.arange(b)[None, :, None]
   nidx = jnp.arange(n)[None, None, :]
-  return {"k": spec["k"].at[slots, bidx, nidx].set(k.astype(spec["k"].dtype), mode="drop"),
-          "v": spec["v"].at[slots, bidx, nidx].set(v.astype(spec["v"].dtype), mode="drop")}
+  return {"k": spec["k"].at[slots, bidx, :, nidx].set(k.astype(spec["k"].dtype), mode="drop"),
+          "v": spec["v"].at[slots, bidx, :, nidx].set(v.astype(spec["v"].dtype), mode="drop")}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
   def tick(st: LoopSpecState) -> LoopSpecState:
     ln = st.lanes
     b, n = ln.alive.shape
-    t = st.cache["k"].shape[2]
+    t = st.cache["k"].shape[3]
     active = ~st.done  # [B]
     alive = ln.alive & active[:, None]
     prefix_len = st.length - 1  # [B]
@@ -222,10 +222,10 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
 
     # Commit: the root's entries move into the prefix at its position; the token y is appended.
     commit_pos = jnp.where(has_root, ln.pos[bi, root], t)
-    moved_k = spec["k"][:, bi, root]  # [n_slots, B, KV, D]
-    moved_v = spec["v"][:, bi, root]
-    cache = {"k": cache["k"].at[:, bi, commit_pos].set(moved_k, mode="drop"),
-             "v": cache["v"].at[:, bi, commit_pos].set(moved_v, mode="drop")}
+    moved_k = spec["k"][:, bi, :, root]  # [B, n_slots, KV, D] (advanced indices lead)
+    moved_v = spec["v"][:, bi, :, root]
+    cache = {"k": cache["k"].at[:, bi, :, commit_pos].set(moved_k, mode="drop"),
+             "v": cache["v"].at[:, bi, :, commit_pos].set(moved_v, mode="drop")}
     tokens = st.tokens.at[bi, jnp.where(has_root, st.length, t)].set(y, mode="drop")
     length = st.length + has_root
     n_new = st.n_new + has_root
@@ -328,7 +328,7 @@ def initial_state(cache, tokens, lengths, sp: ar.SamplingParams, cfg: ModelConfi
   e_dim, v = cfg.hidden_size, cfg.vocab_size
   dt = jnp.dtype(cfg.dtype)
   layout = M.SlotLayout(cfg, len(readouts))
-  spec_shape = (layout.n_slots, b, n, cfg.num_kv_heads, cfg.head_dim)
+  spec_shape = (layout.n_slots, b, cfg.num_kv_heads, n, cfg.head_dim)
   zeros_i = jnp.zeros((b, n), jnp.int32)
   first = jnp.zeros((b, n), bool).at[:, 0].set(True)
   bi = jnp.arange(b)
