@@ -130,17 +130,29 @@ def lane_ctx(cache, spec, slot_base, prefix_mask, anc, uniform: bool):
   return ctx
 
 
-def write_lanes(spec, slot_base, k, v, write):
-  """Writes lane entries k/v [L, B, N, KV, D] at slots slot_base + l of the lanes where `write` [B, N]."""
+def lane_writes(slot_base, k, v, write, n_slots):
+  """One pending write: entries k/v [L, B, N, KV, D] for slots slot_base + l of the lanes where `write`."""
   n_layers = k.shape[0]
-  if n_layers == 0:
-    return spec
-  n_slots, b, _, n = spec["k"].shape[:4]
   slots = jnp.where(write[None], slot_base[None] + jnp.arange(n_layers)[:, None, None], n_slots)
+  return slots, k, v
+
+
+def apply_lane_writes(spec, writes):
+  """Applies a tick's pending writes with ONE scatter per store.
+
+  Within a tick every read of the speculative store is of entries written in earlier ticks (a lane's
+  ancestors are at least d1 steps ahead), so all writes can wait until the end of the tick; one scatter
+  into the loop-carried buffer lets XLA update it in place instead of copying it after each write.
+  """
+  writes = [w for w in writes if w[1].shape[0]]
+  slots = jnp.concatenate([w[0] for w in writes])
+  k = jnp.concatenate([w[1] for w in writes]).astype(spec["k"].dtype)
+  v = jnp.concatenate([w[2] for w in writes]).astype(spec["v"].dtype)
+  _, b, _, n = spec["k"].shape[:4]
   bidx = jnp.arange(b)[None, :, None]
   nidx = jnp.arange(n)[None, None, :]
-  return {"k": spec["k"].at[slots, bidx, :, nidx].set(k.astype(spec["k"].dtype), mode="drop"),
-          "v": spec["v"].at[slots, bidx, :, nidx].set(v.astype(spec["v"].dtype), mode="drop")}
+  return {"k": spec["k"].at[slots, bidx, :, nidx].set(k, mode="drop"),
+          "v": spec["v"].at[slots, bidx, :, nidx].set(v, mode="drop")}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -180,7 +192,7 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
     fresh = alive & (ln.depth == 0)
     base = jnp.full((b, n), layout.prelude(0), jnp.int32)
     e, k, v = M.pre(params, ln.token, ln.pos, self_mask, lane_ctx(cache, spec, base, prefix_mask, ln.anc, True), cfg)
-    spec = write_lanes(spec, base, k, v, fresh)
+    writes = [lane_writes(base, k, v, fresh, n_slots)]
     noise = ar.state_noise(sp, ln.pos, cfg) if random_init else None
     s0 = M.initial_state(e, cfg, noise)
     s = jnp.where(fresh[..., None], s0.astype(ln.s.dtype), ln.s)
@@ -192,7 +204,7 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
       base = layout.core_base + jnp.clip(step, 0, r - 1) * cfg.n_core
       s_new, k, v = M.core_step(params, s, e, ln.pos, self_mask,
                                 lane_ctx(cache, spec, base, prefix_mask, ln.anc, False), cfg)
-      spec = write_lanes(spec, base, k, v, alive)
+      writes.append(lane_writes(base, k, v, alive, n_slots))
       s = jnp.where(alive[..., None], s_new, s)
     depth = jnp.where(alive, ln.depth + d1, ln.depth)
 
@@ -203,7 +215,8 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
     ridx = jnp.where(at_d1, 0, jnp.where(at_r, len(readouts) - 1, 1))
     base = layout.coda_base + ridx * cfg.n_coda
     logits, k, v = M.post(params, s, ln.pos, self_mask, lane_ctx(cache, spec, base, prefix_mask, ln.anc, False), cfg)
-    spec = write_lanes(spec, base, k, v, at_d1 | at_d2 | at_r)
+    writes.append(lane_writes(base, k, v, at_d1 | at_d2 | at_r, n_slots))
+    spec = apply_lane_writes(spec, writes)
     probs = process(logits)  # [B, N, V]
 
     # 4a. verification of the root (the one lane at depth R).

@@ -20,6 +20,16 @@ PURPOSE_INIT = 4  # random initial recurrent state (Raven family)
 PURPOSE_AR = 5  # plain autoregressive draw from p_R
 
 
+def first_max_onehot(x):
+  """one_hot(argmax(x)) (first maximum on ties) via two plain reductions, which vectorise on CPU where a
+  variadic (value, index) argmax reduction does not."""
+  v = x.shape[-1]
+  iota = jnp.arange(v, dtype=jnp.int32)
+  m = jnp.max(x, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(x == m, iota, v), axis=-1, keepdims=True)
+  return (iota == first).astype(jnp.float32)
+
+
 def process_logits(logits, *, greedy: bool, temperature=1.0, top_k=0, top_p=1.0):
   """Turn logits [..., V] into float32 probabilities over the last axis.
 
@@ -32,7 +42,7 @@ def process_logits(logits, *, greedy: bool, temperature=1.0, top_k=0, top_p=1.0)
   """
   logits = jnp.asarray(logits, jnp.float32)
   v = logits.shape[-1]
-  onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+  onehot = first_max_onehot(logits)
   if greedy:
     return onehot
   t = jnp.asarray(temperature, jnp.float32)[..., None]
@@ -66,7 +76,7 @@ def sample_token(key, probs):
   u = jax.random.uniform(key, p.shape[:-1], jnp.float32) * c[..., -1]
   idx = jnp.sum(c <= u[..., None], axis=-1)
   # Rounding can make u * total reach the total: fall back to the last token with positive mass.
-  last = p.shape[-1] - 1 - jnp.argmax(jnp.flip(p > 0, axis=-1), axis=-1)
+  last = jnp.max(jnp.where(p > 0, jnp.arange(p.shape[-1], dtype=jnp.int32), 0), axis=-1)
   return jnp.minimum(idx, last).astype(jnp.int32)
 
 
