@@ -244,6 +244,10 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
     n_new = st.n_new + has_root
     done = st.done | (has_root & ((y == sp.eos_id) | (n_new >= sp.max_new)))
 
+    # The commit that finishes a request spawns nothing after it: count it by its verification stage.
+    stage_source = jnp.where(stage == 1, PROP_FIRST, jnp.where(stage == 2, PROP_SECOND, PROP_RESTART))
+    source = jnp.where(done & ~st.done, stage_source, source)
+
     # Prune: keep the kept child's subtree; drop the root. With no kept child, everything goes.
     keep_tree = is_child[bi, kept][:, None] & (_onehot_rows(kept, n) | ln.anc[bi, :, kept])
     survive = jnp.where(has_root[:, None], keep_tree & kept_found[:, None], alive) & ~done[:, None]
