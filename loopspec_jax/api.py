@@ -69,11 +69,13 @@ def _load_tokenizer(path: str):
   return Tokenizer.from_file(tok_path)
 
 
-def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mesh=None) -> LoopedModel:
+def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mesh=None,
+         sharding_rules=None) -> LoopedModel:
   """Loads a bundled model by name, one of the project's own checkpoints, or an HF checkpoint directory.
 
   HF directories hold config.json plus model.safetensors or a sharded model.safetensors.index.json; the
-  family is detected from config and tensor names unless forced with `family=`.
+  family is detected from config and tensor names unless forced with `family=`. With a `mesh` (axes
+  'data', 'model') the parameters are placed sharded by `sharding.RULES` (or `sharding_rules`).
   """
   if not os.path.isdir(path) and path in bundled_models():
     path = os.path.join(ASSETS, path)
@@ -90,7 +92,8 @@ def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mes
     model = LoopedModel(cfg, params, _load_tokenizer(path), source=path)
   if mesh is not None:
     from loopspec_jax import sharding
-    model = dataclasses.replace(model, params=sharding.shard_params(model.params, model.config, mesh))
+    model = dataclasses.replace(model, params=sharding.shard_params(model.params, model.config, mesh,
+                                                                    sharding_rules))
   return model
 
 
@@ -230,10 +233,14 @@ def generate(model: LoopedModel, prompts, *, max_new_tokens: int, method: str = 
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: Optional[int] = None,
              init_state: str = "zeros", d1: Optional[int] = None, d2: Optional[int] = None,
              gamma: Optional[int] = None, lane_capacity: Optional[int] = None, request_ids=None,
-             mesh=None, speculate_max_batch: Optional[int] = None) -> GenerateResult:
+             mesh=None, speculate_max_batch: Optional[int] = None, sharding_rules=None) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with method 'ar', 'chain' (d1, gamma) or 'loopspec' (d1, d2).
 
   Every method is lossless with respect to full-depth decoding. Returns new tokens per prompt and stats.
+  `mesh`: a jax Mesh with axes 'data' (requests) and 'model' (heads, MLP, vocab); the batch is padded to a
+  multiple of the data-axis size with dummy requests, dropped from the result (see loopspec_jax/sharding.py).
+  `speculate_max_batch=K`: batches of more than K requests decode with 'ar' instead (speculation stops
+  paying once a batch is compute-bound; experiments/batch_bench.py measures where).
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:
@@ -247,23 +254,31 @@ def generate(model: LoopedModel, prompts, *, max_new_tokens: int, method: str = 
     method = "ar"  # large batches are compute-bound: speculation stops paying
   greedy = float(temperature) == 0.0
   random_init = init_state == "random"
+  n_real = len(prompts)
+  if mesh is not None:
+    from loopspec_jax import sharding
+    mesh = sharding.plan(mesh, sharding_rules)
+    prompts, request_ids, _ = sharding.pad_requests(prompts, request_ids, mesh)
   lengths = [len(p) for p in prompts]
   tp, total = buckets(lengths, max_new_tokens, cfg)
   prompt_arr, len_arr = batch_prompts(prompts, tp)
   sp = sampling_params(len(prompts), max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids)
+  if len(prompts) > n_real:  # dummy requests stop after one token
+    sp = sp.replace(max_new=sp.max_new.at[n_real:].set(1))
+  unpad = lambda res: res if mesh is None else sharding.drop_padding(res, n_real)
   if method == "ar":
     if d1 is not None or d2 is not None or gamma is not None:
       raise ValueError("method='ar' takes no d1/d2/gamma")
-    return _generate_ar(model, prompt_arr, len_arr, sp, tp, total, greedy, random_init, mesh)
+    return unpad(_generate_ar(model, prompt_arr, len_arr, sp, tp, total, greedy, random_init, mesh))
   if method == "chain":
     from loopspec_jax import chain
-    return chain.generate_chain(model, prompt_arr, len_arr, sp, total=total, greedy=greedy,
-                                random_init=random_init, d1=d1, gamma=gamma, mesh=mesh)
+    return unpad(chain.generate_chain(model, prompt_arr, len_arr, sp, total=total, greedy=greedy,
+                                      random_init=random_init, d1=d1, gamma=gamma, mesh=mesh))
   if method == "loopspec":
     from loopspec_jax import loopspec
-    return loopspec.generate_loopspec(model, prompt_arr, len_arr, sp, total=total, greedy=greedy,
-                                      random_init=random_init, d1=d1, d2=d2, lane_capacity=lane_capacity,
-                                      mesh=mesh)
+    return unpad(loopspec.generate_loopspec(model, prompt_arr, len_arr, sp, total=total, greedy=greedy,
+                                            random_init=random_init, d1=d1, d2=d2,
+                                            lane_capacity=lane_capacity, mesh=mesh))
   raise ValueError(f"unknown method {method!r}; expected 'ar', 'chain' or 'loopspec'")
 
 
@@ -276,15 +291,18 @@ def collect_tokens(tokens, lengths0, n_new) -> list:
 def _generate_ar(model, prompt_arr, len_arr, sp, tp, total, greedy, random_init, mesh):
   cfg = model.config
   t0 = time.perf_counter()
-  cache, tokens = ar.prefill_state(model.params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=(cfg.recurrence,),
-                                   total_len=total, random_init=random_init)
+  from loopspec_jax import sharding
+  cache, tokens = sharding.entry(ar.prefill_state, mesh)(model.params, prompt_arr, len_arr, sp, cfg=cfg,
+                                                         readout_depths=(cfg.recurrence,), total_len=total,
+                                                         random_init=random_init)
   jax.block_until_ready(cache)
   t1 = time.perf_counter()
   b = prompt_arr.shape[0]
   lengths0 = np.asarray(len_arr)
   state = ar.DecodeState(cache=cache, tokens=tokens, length=jnp.array(len_arr), n_new=jnp.zeros((b,), jnp.int32),
                          done=jnp.zeros((b,), bool), iterations=jnp.int32(0))
-  out = ar.decode_loop(model.params, state, sp, cfg=cfg, greedy=greedy, random_init=random_init)
+  out = sharding.entry(ar.decode_loop, mesh)(model.params, state, sp, cfg=cfg, greedy=greedy,
+                                             random_init=random_init)
   jax.block_until_ready(out.tokens)
   t2 = time.perf_counter()
   n_new = np.asarray(out.n_new)

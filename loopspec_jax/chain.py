@@ -132,8 +132,10 @@ def generate_chain(model, prompt_arr, len_arr, sp, *, total, greedy, random_init
   d1, gamma = int(d1), int(gamma)
   total = total + gamma + 1  # drafts may run gamma positions past the last committed one
   t0 = time.perf_counter()
-  cache, tokens = ar.prefill_state(model.params, prompt_arr, len_arr, sp, cfg=cfg,
-                                   readout_depths=(d1, cfg.recurrence), total_len=total, random_init=random_init)
+  from loopspec_jax import sharding
+  cache, tokens = sharding.entry(ar.prefill_state, mesh)(model.params, prompt_arr, len_arr, sp, cfg=cfg,
+                                                         readout_depths=(d1, cfg.recurrence), total_len=total,
+                                                         random_init=random_init)
   jax.block_until_ready(cache)
   t1 = time.perf_counter()
   lengths0 = np.asarray(len_arr)
@@ -141,7 +143,8 @@ def generate_chain(model, prompt_arr, len_arr, sp, *, total, greedy, random_init
   zb = lambda: jnp.zeros((b,), jnp.int32)
   state = ChainState(cache=cache, tokens=tokens, length=jnp.array(len_arr), n_new=zb(), done=jnp.zeros((b,), bool),
                      rounds=zb(), accepted=zb(), iterations=jnp.int32(0))
-  out = decode_loop(model.params, state, sp, cfg=cfg, d1=d1, gamma=gamma, greedy=greedy, random_init=random_init)
+  out = sharding.entry(decode_loop, mesh)(model.params, state, sp, cfg=cfg, d1=d1, gamma=gamma, greedy=greedy,
+                                          random_init=random_init)
   jax.block_until_ready(out.tokens)
   t2 = time.perf_counter()
   n = int(np.asarray(out.n_new).sum())

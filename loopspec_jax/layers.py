@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 
 NEG_INF = -1e30
-UNROLL_LAYERS = 4
+UNROLL_LAYERS = 0
 
 
 def rms_norm(x, w, eps):

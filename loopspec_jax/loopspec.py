@@ -401,13 +401,16 @@ def generate_loopspec(model, prompt_arr, len_arr, sp, *, total, greedy, random_i
   cap = lane_capacity or default_capacity(cfg.recurrence, d1, d2)
   readouts = (d1, cfg.recurrence) if d2 is None else (d1, d2, cfg.recurrence)
   t0 = time.perf_counter()
-  cache, tokens = ar.prefill_state(model.params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=readouts,
-                                   total_len=total, random_init=random_init)
+  from loopspec_jax import sharding
+  cache, tokens = sharding.entry(ar.prefill_state, mesh)(model.params, prompt_arr, len_arr, sp, cfg=cfg,
+                                                         readout_depths=readouts, total_len=total,
+                                                         random_init=random_init)
   jax.block_until_ready(cache)
   t1 = time.perf_counter()
   lengths0 = np.asarray(len_arr)
-  state = initial_state(cache, tokens, len_arr, sp, cfg=cfg, capacity=cap, readouts=readouts)
-  out = decode_loop(model.params, state, sp, cfg=cfg, d1=d1, d2=d2, greedy=greedy, random_init=random_init)
+  state = sharding.entry(initial_state, mesh)(cache, tokens, len_arr, sp, cfg=cfg, capacity=cap, readouts=readouts)
+  out = sharding.entry(decode_loop, mesh)(model.params, state, sp, cfg=cfg, d1=d1, d2=d2, greedy=greedy,
+                                          random_init=random_init)
   jax.block_until_ready(out.tokens)
   t2 = time.perf_counter()
   stats = summarize(out, cfg, d1, d2)

@@ -72,8 +72,14 @@ def sample_token(key, probs):
   the per-lane drafting of speculative decoders cheap.
   """
   p = jnp.asarray(probs, jnp.float32)
+  return sample_with_uniform(jax.random.uniform(key, p.shape[:-1], jnp.float32), p)
+
+
+def sample_with_uniform(u, probs):
+  """The inverse-CDF draw of `sample_token` for a given uniform u in [0, 1) (shape: probs' leading dims)."""
+  p = jnp.asarray(probs, jnp.float32)
   c = jnp.cumsum(p, axis=-1)
-  u = jax.random.uniform(key, p.shape[:-1], jnp.float32) * c[..., -1]
+  u = u * c[..., -1]
   idx = jnp.sum(c <= u[..., None], axis=-1)
   # Rounding can make u * total reach the total: fall back to the last token with positive mass.
   last = jnp.max(jnp.where(p > 0, jnp.arange(p.shape[-1], dtype=jnp.int32), 0), axis=-1)
@@ -86,6 +92,6 @@ def request_key(base_key, request_id, position, purpose):
   Because it depends only on (seed, request, position, purpose), sampled outputs do not depend on batch
   layout, slot assignment or scheduling. Scalar arguments; vmap over arrays of request ids / positions.
   """
-  key = jax.random.fold_in(base_key, purpose)
-  key = jax.random.fold_in(key, request_id)
-  return jax.random.fold_in(key, position)
+  # Two hashes: the request, then (position, purpose) packed in one word (positions < 2^27).
+  key = jax.random.fold_in(base_key, request_id)
+  return jax.random.fold_in(key, jnp.asarray(position, jnp.uint32) * 16 + jnp.asarray(purpose, jnp.uint32))

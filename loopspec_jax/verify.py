@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from loopspec_jax.sampling import sample_token
+from loopspec_jax.sampling import sample_token, sample_with_uniform
 
 
 def acceptance_prob(p, q, x):
@@ -70,15 +70,14 @@ def verify_cascade(key, p, x1, q1, gate_open, x2, q2):
   p = jnp.asarray(p, jnp.float32)
   q1 = jnp.asarray(q1, jnp.float32)
   q2 = jnp.asarray(q2, jnp.float32)
-  k1, k2, k3 = jax.random.split(key, 3)
-  u1 = jax.random.uniform(k1, (), jnp.float32)
-  u2 = jax.random.uniform(k2, (), jnp.float32)
+  # Three independent uniforms from one draw (u1, u2, and the residual draw): one PRNG call per verification.
+  u1, u2, u3 = jax.random.uniform(key, (3,), jnp.float32)
   acc1 = u1 < acceptance_prob(p, q1, x1)
   f = residual(p, q1)
   x2c = jnp.where(gate_open, x2, 0)
   acc2 = jnp.logical_not(acc1) & gate_open & (u2 < acceptance_prob(f, q2, x2c))
   final = jnp.where(gate_open, residual(f, q2, fallback=f), f)
-  y0 = sample_token(k3, final)
+  y0 = sample_with_uniform(u3, final)
   y = jnp.where(acc1, x1, jnp.where(acc2, x2, y0)).astype(jnp.int32)
   stage = jnp.where(acc1, 1, jnp.where(acc2, 2, 0)).astype(jnp.int32)
   return y, stage
@@ -96,11 +95,11 @@ def verify_chain(key, p, drafts, q):
   q = jnp.asarray(q, jnp.float32)
   drafts = jnp.asarray(drafts, jnp.int32)
   g = drafts.shape[0]
-  ku, ks = jax.random.split(key)
-  u = jax.random.uniform(ku, (g,), jnp.float32)
+  uu = jax.random.uniform(key, (g + 1,), jnp.float32)
+  u, us = uu[:g], uu[g]
   a = jax.vmap(acceptance_prob)(p[:g], q, drafts)
   n = jnp.sum(jnp.cumprod((u < a).astype(jnp.int32))).astype(jnp.int32)
   # Row G of the padded proposals is all zeros, so the bonus "residual" is norm(p[G]).
   q_pad = jnp.concatenate([q, jnp.zeros_like(p[:1])], axis=0)
-  nxt = sample_token(ks, residual(p[n], q_pad[n]))
+  nxt = sample_with_uniform(us, residual(p[n], q_pad[n]))
   return n, nxt
