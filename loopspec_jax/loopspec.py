@@ -276,7 +276,15 @@ def make_tick(params, sp: ar.SamplingParams, cfg: ModelConfig, d1: int, d2: Opti
     req_rank = jnp.cumsum(req, axis=1) - 1
     free_rank = jnp.where(free, jnp.cumsum(free, axis=1) - 1, -1)  # [B, N]
     n_free = jnp.sum(free, axis=1)
-    granted = req & (req_rank < n_free[:, None])
+    # A second proposal grows a subtree of up to (R - d2)/d1 + 1 lanes before its parent is verified; it is
+    # granted only if that much room is left after the first proposals, so that second branches do not
+    # starve the first-proposal pipeline of lanes. (Decided at spawn time, before anything depends on x2's
+    # value or on verification randomness: still exact.)
+    n_first = jnp.sum(want1, axis=1)
+    room2 = n_free - ((r - dd2) // d1 + 1)
+    granted1 = req[:, :n] & (req_rank[:, :n] < n_free[:, None])
+    granted2 = req[:, n:] & (req_rank[:, n:] < jnp.minimum(n_free, n_first + room2)[:, None])
+    granted = jnp.concatenate([granted1, granted2], axis=1)
     match = granted[:, :, None] & (req_rank[:, :, None] == free_rank[:, None, :])  # [B, 2N, N]
     assigned = jnp.any(match, axis=1)  # [B, N] slot receives a child
     src = jnp.argmax(match, axis=1)  # [B, N] which request fills the slot

@@ -326,8 +326,10 @@ class Trainer:
       n_last += 1
       now = time.perf_counter()
       if now - t_last > 5.0 or step + 1 == total:
-        bar.set_postfix(loss=f"{ema:.3f}", r=int(metrics.get("depth", 0)),
-                        tok_s=f"{n_last * toks_per_step / (now - t_last):.0f}", refresh=False)
+        post = {"loss": f"{ema:.3f}", "tok_s": f"{n_last * toks_per_step / (now - t_last):.0f}"}
+        if "depth" in metrics:
+          post["r"] = int(metrics["depth"])
+        bar.set_postfix(post, refresh=False)
         t_last, n_last = now, 0
       bar.update(1)
       done = step + 1

@@ -1,0 +1,1 @@
+"""Training configs (`experiments/train.py --config=configs/train/<name>.py`)."""

@@ -1,0 +1,247 @@
+"""Depth analysis, the (d1, d2, gamma) sweep and the analysis notebook, end to end on a tiny contractive model.
+
+One module fixture runs experiments/measure_depths.py and experiments/sweep.py in process (their
+configs/sweeps/*.py 'tiny' presets: random tiny_huginn, contraction 0.7, one or two 10-token prompts, 16 new
+tokens), the sweep first stopped after two rows (a killed sweep) with a torn line appended, then resumed. The
+tests check the cost identity and Theorem 1 on the engine's stats, resumability, the tables and the notebook.
+Every decode uses the same shapes (prompt bucket 16, cache 32), so each program compiles once per module.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+# Let `.venv/bin/pytest` import the package (and configs/, experiments/) from a bare checkout.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+import loopspec_jax  # noqa: E402
+from loopspec_jax import api  # noqa: E402
+from loopspec_jax import model as M  # noqa: E402
+from configs.sweeps import default as sweep_config  # noqa: E402
+from configs.sweeps import depths as depths_config  # noqa: E402
+from experiments import measure_depths  # noqa: E402
+from experiments import sweep  # noqa: E402
+from loopspec_jax import depth_analysis as DA  # noqa: E402
+from loopspec_jax import theory  # noqa: E402
+
+
+def numpy_model(spec: str, contraction: float, seed: int = 0):
+  """The 'random:<config>' model family with the init scales of model.init_params, drawn with numpy.
+
+  Eager jax.random compiles one kernel per parameter shape (~25 s for tiny_huginn on a busy 2-core
+  machine); the tests only need some tiny contractive model, not those exact weights.
+  """
+  import importlib
+  import math
+  from loopspec_jax.config import from_config_dict
+  cfg = from_config_dict(importlib.import_module(f"configs.models.{spec.split(':')[1]}").get_config(None))
+  rng = np.random.RandomState(seed)
+
+  def init(path, shape):
+    if "norm" in path and "qk" not in path:
+      return 1.0 + 0.1 * rng.randn(*shape)
+    if "qk_bias" in path or path.endswith("['b']"):
+      return 0.1 * rng.randn(*shape)
+    if "embed" in path:
+      return rng.randn(*shape) * (1.0 / math.sqrt(cfg.hidden_size) if cfg.embed_scale != 1.0 else 0.1)
+    return rng.randn(*shape) / math.sqrt(shape[-2] if len(shape) >= 2 else shape[-1])
+
+  import jax
+  shapes = M.param_shapes(cfg)
+  params = jax.tree_util.tree_map_with_path(lambda p, s: init(jax.tree_util.keystr(p), s), shapes,
+                                            is_leaf=M._is_shape)
+  if cfg.is_raven:
+    params["adapter"][:cfg.hidden_size] *= contraction
+  else:
+    for n in ("norm_2", "norm_4"):
+      params["core"][n][:] = contraction
+  params = jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), params)
+  return api.LoopedModel(cfg, params)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("depth_sweep")
+  dcfg = depths_config.get_config("tiny")
+  dcfg.out_dir = str(out / "depths")
+  dcfg.progress = False
+  scfg = sweep_config.get_config("tiny")
+  scfg.out_dir = str(out / "sweep")
+  scfg.depths_json = str(out / "depths" / "depths_{task}_{sampling}.json")
+  scfg.progress = False
+  model = numpy_model(dcfg.model, dcfg.contraction, dcfg.seed)
+  summaries = measure_depths.run_depths(dcfg, model)
+  jsonl = os.path.join(scfg.out_dir, "sweep.jsonl")
+  scfg.stop_after = 2
+  with pytest.raises(sweep.SweepInterrupted):
+    sweep.run_sweep(scfg, model)
+  partial = DA.read_jsonl(jsonl)
+  with open(jsonl, "a") as f:  # a writer killed mid-line
+    f.write('{"key": "torn')
+  scfg.stop_after = 0
+  result = sweep.run_sweep(scfg, model)
+  return {"out": out, "dcfg": dcfg, "scfg": scfg, "model": model, "summaries": summaries, "partial": partial,
+          "result": result, "jsonl": jsonl}
+
+
+def depth_record(run, index=0):
+  recs = DA.read_jsonl(os.path.join(run["dcfg"].out_dir, "depths.jsonl"))
+  return next(r for r in recs if r["index"] == index)
+
+
+def test_cost_identity_and_theorem1_on_the_engine(run):
+  """gamma from counts == stats == R / C(count rates); ticks match the identity; greedy restarts <= d2 misses."""
+  model, scfg = run["model"], run["scfg"]
+  r = model.config.recurrence
+  d1, d2 = 1, 4
+  prompt = depth_record(run)["prompt"]
+  res = loopspec_jax.generate(model, [prompt], max_new_tokens=scfg.max_new_tokens, method="loopspec", d1=d1,
+                              d2=d2, lane_capacity=scfg.lane_capacity, request_ids=[0])
+  s = res.stats
+  n, c = s["tokens_generated"], s["commits"]
+  rej1 = c["second"] + c["restart"]
+  assert n == scfg.max_new_tokens == c["first"] + c["second"] + c["restart"]
+  assert 0 < rej1 < n, "the model should reject some first proposals, not all"
+  g = theory.gamma_from_counts(r, d1, d2, n, rej1, c["restart"])
+  assert g == pytest.approx(s["mean_accepted_length"], rel=1e-12)
+  assert g == pytest.approx(r / theory.expected_cost(r, d1, d2, rej1 / n, c["restart"] / n), rel=1e-12)
+  pred = DA.predicted_loopspec(r, d1, d2, n, s["reject_first"], c["restart"])
+  assert s["skipped_spawns"] == 0
+  assert s["reject_first"] == rej1  # no skipped spawns: a restart is exactly a failed cascade
+  assert pred["predicted_gamma"] == pytest.approx(g, rel=1e-12)
+  # The pipeline's ticks: R steps to the first commit, then each commit costs d1 / d2 / R by its source.
+  pr = s["per_request"]
+  cost = {0: r, 1: d1, 2: d2}
+  cycles = n * d1 + rej1 * (d2 - d1) + c["restart"] * (r - d2)
+  assert pr["ticks"][0] * d1 == r + cycles - cost[pr["last_source"][0]]
+  # Theorem 1 (greedy): P(restart) <= P(argmax p_d2 != argmax p_R), on the same decoded tokens.
+  rec = depth_record(run)
+  assert res.tokens[0] == rec["tokens"]  # lossless: LoopSpec decodes the AR tokens the depths were measured on
+  miss_d2 = rec["n"] - rec["agree"][d2 - 1]
+  assert c["restart"] <= miss_d2
+  eps2 = rec["tv_sum"][d2 - 1] / rec["n"]
+  assert theory.theorem1_check(c["restart"] / n, eps2, gated=True)["holds"]
+
+
+def test_measure_depths_outputs_and_resume(run):
+  dcfg = run["dcfg"]
+  s = run["summaries"][("random", "greedy")]
+  r = run["model"].config.recurrence
+  assert s["depths"] == list(range(1, r + 1)) and s["positions"] == dcfg.num_prompts * dcfg.max_new_tokens
+  assert s["agreement"][-1] == 1.0 and s["mean_tv"][-1] == 0.0 and s["mean_kl"][-1] == 0.0
+  assert all(0.0 <= t <= 1.0 for t in s["mean_tv"])
+  # Greedy: one-hot distributions, so TV is the disagreement rate.
+  np.testing.assert_allclose(s["mean_tv"], s["disagreement"], atol=1e-12)
+  assert s["fits"]["envelope"] and s["fits"]["least_squares"]
+  env = s["fits"]["envelope"]
+  d = np.arange(1, r)
+  assert np.all(theory.power_law(d, env["beta"], env["alpha"]) >= np.asarray(s["mean_tv"][:-1]) - 1e-12)
+  t2 = s["theorem2"]
+  assert tuple(t2["best_feasible"]) == theory.best_feasible_depths(r, env["beta"], env["alpha"], include_single=True)
+  path = measure_depths.summary_path(dcfg.out_dir, "random", "greedy")
+  with open(path) as f:
+    assert json.load(f)["mean_tv"] == s["mean_tv"]
+  assert os.path.getsize(measure_depths.summary_path(dcfg.out_dir, "random", "greedy", "png")) > 1000
+  jsonl = os.path.join(dcfg.out_dir, "depths.jsonl")
+  before = open(jsonl).read()
+  again = measure_depths.run_depths(dcfg, run["model"])  # resumed: every prompt is skipped
+  assert open(jsonl).read() == before and len(DA.read_jsonl(jsonl)) == dcfg.num_prompts
+  assert again[("random", "greedy")]["mean_tv"] == s["mean_tv"]
+
+
+def top_p_probs(z, top_p):
+  """Numpy reference of process_logits' softmax + nucleus filter (no top-k), renormalised."""
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  order = np.argsort(-p, axis=-1, kind="stable")
+  ps = np.take_along_axis(p, order, -1)
+  before = np.cumsum(ps, -1) - ps
+  keep_sorted = before < top_p
+  keep = np.zeros_like(keep_sorted)
+  np.put_along_axis(keep, order, keep_sorted, -1)
+  q = np.where(keep, p, 0.0)
+  return q / q.sum(-1, keepdims=True)
+
+
+def test_depth_metrics_match_readouts(run):
+  """The jitted per-depth metrics equal TV / argmax computed from api.readouts, also when sampling."""
+  model = run["model"]
+  rec = depth_record(run, 1)
+  prompt, gen = rec["prompt"], rec["tokens"]
+  logits = loopspec_jax.readouts(model, prompt + gen)[:, len(prompt) - 1:len(prompt) - 1 + len(gen)]
+  setting = {"temperature": 0.8, "top_p": 0.9}
+  m = DA.depth_metrics(model, prompt, gen, setting, n_pos=run["dcfg"].max_new_tokens)
+  p = top_p_probs(logits.astype(np.float64) / setting["temperature"], setting["top_p"])
+  np.testing.assert_allclose(m["tv"], 0.5 * np.abs(p - p[-1]).sum(-1), atol=2e-5)
+  np.testing.assert_array_equal(m["agree"], (logits.argmax(-1) == logits[-1].argmax(-1)).astype(float))
+  logq = np.log(np.maximum(p, DA.KL_EPS))
+  kl = np.sum(np.where(p[-1] > 0, p[-1] * (np.log(np.maximum(p[-1], DA.KL_EPS)) - logq), 0.0), -1)
+  np.testing.assert_allclose(m["kl"], kl, atol=2e-4)  # p_r filtered to 0 where p_R > 0: the eps guard
+  np.testing.assert_allclose(np.sum(m["agree"], 1), rec["agree"])  # greedy agreement is the same argmax test
+
+
+def test_sweep_killed_and_resumed(run):
+  """The interrupted run kept its rows; the resumed run added the rest once; the torn line is gone."""
+  scfg = run["scfg"]
+  rows = DA.read_jsonl(run["jsonl"])
+  specs = sweep.method_specs(scfg, run["model"].config.recurrence)
+  assert len(run["partial"]) == 2 and run["partial"][0]["method"] == "ar"
+  keys = [x["key"] for x in rows]
+  assert len(keys) == len(set(keys)) == 1 + len(specs)
+  assert rows[:2] == run["partial"]
+  assert open(run["jsonl"]).read().endswith("}\n") and "torn" not in open(run["jsonl"]).read()
+  assert {x["label"] for x in rows} == {"ar"} | {loopspec_jax_label(n, kw) for n, kw in specs}
+  before = open(run["jsonl"]).read()
+  again = sweep.run_sweep(scfg, run["model"])  # nothing left to do
+  assert open(run["jsonl"]).read() == before
+  assert [x["key"] for x in again["rows"]] == keys
+
+
+def loopspec_jax_label(name, kw):
+  from experiments import common
+  return common.method_label(name, kw)
+
+
+def test_sweep_rows_and_table(run):
+  rows = run["result"]["rows"]
+  r = run["model"].config.recurrence
+  ls = [x for x in rows if x["method"] == "loopspec"]
+  ch = [x for x in rows if x["method"] == "chain"]
+  assert ls and ch
+  for x in ls + ch:
+    assert x["identical_to_ar"] is True  # greedy: lossless
+    assert x["wall_clock_ratio"] > 0 and x["decode_seconds_median"] > 0
+  for x in ls:
+    n, c = x["tokens"], x["commits"]
+    rej1 = c["second"] + c["restart"]
+    assert x["mean_accepted_length"] == pytest.approx(
+        r / theory.expected_cost(r, x["d1"], x["d2"], rej1 / n, None if x["d2"] is None else c["restart"] / n))
+    assert x["predicted_gamma"] == pytest.approx(x["mean_accepted_length"])  # no skipped spawns here
+    assert x["p_restart"] == c["restart"] / n and 0 <= x["gate_open_rate"] <= 1
+    eps2 = run["summaries"][("random", "greedy")]["mean_tv"][x["d2"] - 1]
+    assert x["eps2"] == pytest.approx(eps2) and x["theorem1_applies"] and x["theorem1"]["holds"]
+  for x in ch:
+    assert 1.0 <= x["mean_accepted_length"] <= x["draft_len"] + 1
+  pred = run["result"]["predictions"][("random", "greedy")]
+  assert pred is not None and pred["best_feasible"]
+  table = open(os.path.join(run["scfg"].out_dir, "sweep.md")).read()
+  assert "**measured best**" in table and "predicted best" in table and "(d1*, d2*)" in table
+
+
+def test_notebook_executes(run, monkeypatch):
+  nbformat = pytest.importorskip("nbformat")
+  from nbconvert.preprocessors import ExecutePreprocessor
+  figs = run["out"] / "figures"
+  monkeypatch.setenv("SWEEP_JSONL", run["jsonl"])
+  monkeypatch.setenv("DEPTHS_JSON", run["scfg"].depths_json)
+  monkeypatch.setenv("FIG_DIR", str(figs))
+  nb = nbformat.read(os.path.join(_ROOT, "notebooks", "sweep_analysis.ipynb"), as_version=4)
+  ExecutePreprocessor(kernel_name="python3", timeout=600).preprocess(nb, {"metadata": {"path": _ROOT}})
+  names = sorted(os.listdir(figs))
+  for kind in ("depth_tv", "heatmaps", "gamma_pred", "chain", "commits"):
+    assert f"{kind}_random_greedy.png" in names, names
+    assert os.path.getsize(figs / f"{kind}_random_greedy.png") > 1000

@@ -1,0 +1,77 @@
+"""Launch scripts: their dry runs print the intended commands and run nothing."""
+import os
+import subprocess
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, *args, **env):
+  out = subprocess.run(["bash", os.path.join(_ROOT, "launch", script), *args], cwd=_ROOT, capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, **env))
+  return out
+
+
+def test_local_dry_run():
+  out = _run("local.sh", "--dry-run", "experiments.plan_memory", "--meshes=2x4")
+  assert out.returncode == 0, out.stderr
+  assert "-m experiments.plan_memory --meshes=2x4" in out.stdout
+
+
+def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
+  out = _run("tpu_vm.sh", "--dry-run", "experiments.batch_bench", "--config.max_new_tokens=16",
+             NAME="ls-test", ZONE="us-west4-a", ACCELERATOR="v5litepod-16", KEEP="0", EXISTING="0")
+  assert out.returncode == 0, out.stderr
+  cmds = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
+  g = "+ gcloud compute tpus tpu-vm"
+  assert cmds[0].startswith(f"{g} create ls-test --zone=us-west4-a --accelerator-type=v5litepod-16 "
+                            "--version=v2-alpha-tpuv5-lite")
+  assert any(c.startswith("+ tar czf") for c in cmds)
+  scp = [c for c in cmds if c.startswith(f"{g} scp ")]
+  assert "--worker=all" in scp[0] and "ls-test:" in scp[0]
+  ssh = [c for c in cmds if c.startswith(f"{g} ssh ls-test")]
+  assert len(ssh) == 2 and all("--worker=all" in c for c in ssh)
+  assert "pip" in ssh[0] and "install" in ssh[0]
+  assert "python3\\ -m\\ experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
+  assert "--recurse" in scp[-1] and "--worker=0" in scp[-1]
+  assert cmds[-1] == f"{g} delete ls-test --zone=us-west4-a --quiet"
+
+
+@pytest.mark.parametrize("accel,zone,version", [("v4-8", "us-central2-b", "tpu-ubuntu2204-base"),
+                                                ("v5litepod-8", "us-west4-a", "v2-alpha-tpuv5-lite")])
+def test_tpu_vm_defaults_keep_and_existing(accel, zone, version):
+  out = _run("tpu_vm.sh", "--dry-run", "--keep", "experiments.plan_memory", ACCELERATOR=accel, NAME="x")
+  assert out.returncode == 0, out.stderr
+  assert f"create x --zone={zone} --accelerator-type={accel} --version={version}" in out.stdout
+  assert "+ gcloud compute tpus tpu-vm delete" not in out.stdout and "# keeping x" in out.stdout
+  out = _run("tpu_vm.sh", "--dry-run", "--existing", "experiments.plan_memory", ACCELERATOR=accel, NAME="x")
+  assert " create " not in out.stdout and "+ gcloud compute tpus tpu-vm delete" not in out.stdout
+
+
+def test_tpu_vm_env_experiment_and_bad_accelerator():
+  out = _run("tpu_vm.sh", EXPERIMENT="experiments.plan_memory", ARGS="--meshes=1x8 --batches=1", DRY_RUN="1",
+             NAME="y", PROJECT="my-proj")
+  assert out.returncode == 0, out.stderr
+  assert "--project=my-proj" in out.stdout and "experiments.plan_memory\\ --meshes=1x8\\ --batches=1" in out.stdout
+  bad = _run("tpu_vm.sh", "--dry-run", "experiments.plan_memory", ACCELERATOR="v3-8")
+  assert bad.returncode == 2 and "unsupported ACCELERATOR" in bad.stderr
+  usage = _run("tpu_vm.sh", "--dry-run", EXPERIMENT="")
+  assert usage.returncode == 2
+
+
+def test_distributed_settings_and_single_process_noop(monkeypatch):
+  from loopspec_jax import distributed
+  for k in ("LOOPSPEC_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "LOOPSPEC_NUM_PROCESSES", "JAX_NUM_PROCESSES",
+            "LOOPSPEC_PROCESS_ID", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(k, raising=False)
+  assert distributed.initialize_from_env() is False  # one process: nothing to initialise
+  monkeypatch.setenv("LOOPSPEC_COORDINATOR", "10.0.0.2:1234")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("LOOPSPEC_PROCESS_ID", "3")
+  s = distributed.settings_from_env()
+  assert s == {"coordinator_address": "10.0.0.2:1234", "num_processes": 4, "process_id": 3, "auto": False}
+  assert distributed.settings_from_env(process_id=0)["process_id"] == 0
+  monkeypatch.delenv("LOOPSPEC_COORDINATOR")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1,w2,w3")
+  assert distributed.settings_from_env()["auto"] is True

@@ -1,0 +1,347 @@
+"""Sharded decoding on 8 simulated CPU devices: outputs equal one device's, layouts follow the rules, each
+configuration traces once, and the memory plan equals the real per-device bytes.
+
+The 8 devices need XLA_FLAGS before jax initialises its backend, but a pytest session shares one process
+whose other modules initialise jax first; so the device checks run in subprocesses (this file run as a
+script with --worker, two at once, see WORKERS) and report JSON that the tests below assert on. The rule
+functions themselves are checked in-process.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+MESHES = [None, (8, 1), (4, 2), (2, 4), (1, 8)]
+FAMILIES = {
+    # configs/models module, LoopSpec settings, chain settings, mesh of the sampled run and of the plan check
+    # huginn on (1, 8): 4 heads / 4 KV heads do not divide 8 (replicated), MLP 48 and vocab 64 do.
+    # ouro on (2, 4): 4 heads, MLP and vocab split, 2 KV heads replicated; 3 requests padded to 4.
+    "huginn": ("tiny_huginn", {"d1": 2, "d2": 4}, {"d1": 1, "gamma": 2}, (1, 8)),
+    "ouro": ("tiny_ouro", {"d1": 1, "d2": 2}, {"d1": 1, "gamma": 2}, (2, 4)),
+}
+N_NEW = 8
+SAMPLING = {"temperature": 1.0, "top_p": 0.9, "seed": 7}
+WORKER_TIMEOUT_S = 900
+# 8 host devices; LLVM at -O0 compiles the ~70 programs in about 60% of the time (outputs are compared
+# within one process, so codegen flags cannot hide a difference).
+XLA_FLAGS = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+             "--xla_llvm_disable_expensive_passes=true")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker (runs in a subprocess with 8 CPU devices)
+# ---------------------------------------------------------------------------------------------------
+# Two workers share the two CPU cores evenly: huginn's greedy sweep, layouts, traces and plan check in one;
+# ouro's, plus huginn's sampled runs (compared within that process), in the other.
+WORKERS = {"a": [("huginn", "greedy")], "b": [("ouro", "greedy"), ("ouro", "sampled"), ("huginn", "sampled")]}
+
+
+def _worker(name: str, out_path: str):
+  import jax
+  assert jax.device_count() == 8, jax.devices()
+  report = {}
+  for family, part in WORKERS[name]:
+    report.setdefault(family, {"timings": {}, "cpu_s": {}})
+    _family_part(family, part, report[family])
+  with open(out_path, "w") as f:
+    json.dump(report, f)
+
+
+_PLANS = {}
+
+
+def _family_part(family: str, part: str, report: dict):
+  import importlib
+  import numpy as np
+  import jax
+  from loopspec_jax import api, loopspec, sharding
+  from loopspec_jax import autoregressive as ar
+  from loopspec_jax.config import from_config_dict
+  from experiments import plan_memory
+
+  module, ls_kw, ch_kw, special = FAMILIES[family]
+  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  model = api.from_config(cfg, 0, contraction=0.05)
+  v = cfg.vocab_size
+  prompts = [[int(t) for t in (np.arange(n) * m + 3) % v] for n, m in ((5, 7), (11, 13), (3, 5))]  # B=3: padded
+  methods = {"ar": {}, "chain": ch_kw, "loopspec": ls_kw}
+
+  def mesh_of(shape):
+    if shape is not None and shape not in _PLANS:
+      _PLANS[shape] = sharding.plan(sharding.make_mesh(shape))
+    return None if shape is None else _PLANS[shape]
+
+  def run(shape, method, **kw):
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = api.generate(model, prompts, max_new_tokens=N_NEW, method=method, mesh=mesh_of(shape), **methods[method],
+                       **kw)
+    report["timings"][f"{shape} {method} {kw}"] = round(time.perf_counter() - t0, 2)
+    report["cpu_s"][f"{shape} {method} {kw}"] = round(time.process_time() - c0, 2)
+    assert len(res.tokens) == len(prompts) and res.stats["batch"] == len(prompts)
+    assert res.stats["tokens_generated"] == sum(len(t) for t in res.tokens)
+    return res.tokens
+
+  def n_wrappers():
+    return sum(1 for _, _, st, _ in sharding.jit_cache_sizes() if st["cfg"] == cfg)
+
+  if part == "sampled":
+    before = n_wrappers()
+    report["sampled"] = {f"{shape}|{m}": run(shape, m, **SAMPLING) for shape in (None, special) for m in methods}
+    report["sampled_new_wrappers"] = n_wrappers() - before
+    return
+
+  report["greedy"] = {f"{shape}|{m}": run(shape, m) for shape in MESHES for m in methods}
+  # Layouts: parameters placed by the rules; the decode state of the last sharded calls (mesh `special`).
+  mesh = mesh_of(special)
+  params = sharding.shard_params(model.params, cfg, mesh)
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  report["param_specs"] = {jax.tree_util.keystr(p): _spec(x) for p, x in flat}
+  report["param_shard_shapes"] = {jax.tree_util.keystr(p): list(x.addressable_shards[0].data.shape) for p, x in flat}
+  traces0 = sum(sharding.TRACES.values())
+  report["rerun_tokens"] = run(special, "loopspec")  # again, with parameters already placed: no retrace
+  report["rerun_traces"] = sum(sharding.TRACES.values()) - traces0
+  report["state_specs"] = {
+      name: {jax.tree_util.keystr(p): _spec_of_sharding(s) for p, s in
+             jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))[0]}
+      for name, tree in sharding.LAST_SHARDINGS.items()}
+  report["traces"] = sum(sharding.TRACES.values())
+  report["cache_sizes"] = [[n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
+                           for n, m, st, c in sharding.jit_cache_sizes() if st["cfg"] == cfg]
+  report["n_wrappers"] = n_wrappers()
+
+  # Memory plan vs the real per-device bytes of the LoopSpec state of that run (same shapes: no compile).
+  padded, rid, n = sharding.pad_requests(prompts, None, mesh)
+  tp, total = api.buckets([len(p) for p in padded], N_NEW, cfg)
+  prompt_arr, len_arr = api.batch_prompts(padded, tp)
+  sp = api.sampling_params(len(padded), N_NEW, 0.0, 0, 1.0, 0, None, rid)
+  d1, d2 = ls_kw["d1"], ls_kw.get("d2")
+  readouts = (d1, d2, cfg.recurrence) if d2 else (d1, cfg.recurrence)
+  cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
+  traces0 = sum(sharding.TRACES.values())
+  cache, tokens = sharding.entry(ar.prefill_state, mesh)(params, prompt_arr, len_arr, sp, cfg=cfg,
+                                                         readout_depths=readouts, total_len=total, random_init=False)
+  st = sharding.entry(loopspec.initial_state, mesh)(cache, tokens, len_arr, sp, cfg=cfg, capacity=cap,
+                                                    readouts=readouts)
+  report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0
+  sp_placed = sharding.place(sp, sharding.state_shardings(sp, cfg, mesh))
+  real = {"params": params, "committed_kv": st.cache, "spec_kv": st.spec, "lanes": st.lanes,
+          "other": ({k: getattr(st, k) for k in ("tokens", "length", "n_new", "done", "limit", "stats", "iterations")},
+                    sp_placed)}
+  per_device = {}
+  for cat, tree in real.items():
+    by_dev = {}
+    for x in jax.tree_util.tree_leaves(tree):
+      for shard in x.addressable_shards:
+        by_dev[shard.device.id] = by_dev.get(shard.device.id, 0) + shard.data.nbytes
+    per_device[cat] = sorted(set(by_dev.values()))
+  report["real_bytes_per_device"] = per_device
+  row = plan_memory.plan_row(cfg, len(prompts), total, special, "loopspec", sharding.RULES, d1, d2, cap)
+  report["plan_row"] = {k: row[k] for k in real} | {"total": row["total"], "padded_batch": row["padded_batch"]}
+
+
+def _spec_of_sharding(s):
+  return [None if e is None else (e if isinstance(e, str) else list(e)) for e in s.spec]
+
+
+def _spec(x):
+  return _spec_of_sharding(x.sharding)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reports():
+  """Runs the workers concurrently; returns {family: merged report}."""
+  env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, JAX_PLATFORMS="cpu",
+             PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  tmp = tempfile.mkdtemp(prefix="sharding-test-")
+  procs = {}
+  for name in WORKERS:
+    out = os.path.join(tmp, f"{name}.json")
+    procs[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, out], cwd=_ROOT,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out)
+  result = {}
+  for name, (p, out) in procs.items():
+    log, _ = p.communicate(timeout=WORKER_TIMEOUT_S)
+    assert p.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
+    with open(out) as f:
+      for fam, rep in json.load(f).items():
+        merged = result.setdefault(fam, {"timings": {}, "cpu_s": {}})
+        for k, val in rep.items():
+          if isinstance(val, dict) and k in ("timings", "cpu_s"):
+            merged[k].update(val)
+          else:
+            merged[k] = val
+  return result
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_identical_on_every_mesh(reports, family):
+  g = reports[family]["greedy"]
+  for method in ("ar", "chain", "loopspec"):
+    ref = g["None|ar"]
+    for shape in MESHES:
+      assert g[f"{shape}|{method}"] == ref, f"{family} {method} on mesh {shape}"
+  assert len({tuple(t) for t in g["None|ar"]}) > 1  # the requests really differ
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampled_identical_for_the_same_seed(reports, family):
+  s, special = reports[family]["sampled"], FAMILIES[family][3]
+  for method in ("ar", "chain", "loopspec"):
+    assert s[f"{special}|{method}"] == s[f"None|{method}"], f"{family} {method} sampled on mesh {special}"
+  assert s["None|ar"] != reports[family]["greedy"]["None|ar"]  # really sampled
+
+
+def _expect(dim_units, size):
+  return "model" if dim_units % size == 0 else None
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_parameters_sharded_as_the_rules_say(reports, family):
+  import importlib
+  from loopspec_jax.config import from_config_dict
+  rep = reports[family]
+  module, _, _, (data, model) = FAMILIES[family]
+  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
+  heads, kv, mlp, vocab = (_expect(cfg.num_heads, model), _expect(cfg.num_kv_heads, model),
+                           _expect(cfg.intermediate_size, model), _expect(cfg.vocab_size, model))
+  assert specs["['core']['wq']"] == [None, None, heads]
+  assert specs["['core']['wk']"] == [None, None, kv]
+  assert specs["['core']['wo']"] == [None, heads, None]
+  assert specs["['core']['w_gate']"] == [None, None, mlp]
+  assert specs["['core']['w_down']"] == [None, mlp, None]
+  assert specs["['core']['norm_1']"] == [None, None]
+  assert specs["['embed']"] == [vocab, None]
+  if not cfg.tie_embeddings:
+    assert specs["['lm_head']"] == [None, vocab]
+  h, e, i = cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+  assert shapes["['core']['wq']"] == [cfg.n_core, e, h // model if heads else h]
+  assert shapes["['core']['w_gate']"] == [cfg.n_core, e, i // model if mlp else i]
+  # Both the replication fallback and real sharding occur in these two configurations.
+  assert mlp == vocab == "model"
+  assert (heads, kv) == ((None, None) if family == "huginn" else ("model", None))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decode_state_sharded_as_the_rules_say(reports, family):
+  import importlib
+  from loopspec_jax.config import from_config_dict
+  rep = reports[family]
+  module, _, _, (data, model) = FAMILIES[family]
+  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  kv = _expect(cfg.num_kv_heads, model)
+  vocab = _expect(cfg.vocab_size, model)
+  st = rep["state_specs"]
+  pre = st["loopspec_jax.autoregressive.prefill_state"]
+  assert pre["[0]['k']"] == [None, "data", kv, None, None]  # cache [n_slots, B, KV, T, D]
+  assert pre["[1]"] == ["data", None]  # tokens [B, T]
+  dec = st["loopspec_jax.loopspec.decode_loop"]
+  assert dec[".cache['k']"] == [None, "data", kv, None, None]
+  assert dec[".spec['v']"] == [None, "data", kv, None, None]  # speculative KV [n_slots, B, KV, N, D]
+  assert dec[".lanes.q1"] == ["data", None, vocab]
+  assert dec[".lanes.anc"] == ["data", None, None]
+  assert dec[".lanes.s"] == ["data", None, None]
+  assert dec[".tokens"] == ["data", None]
+  assert dec[".stats.ticks"] == ["data"]
+  assert dec[".iterations"] == []
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_configuration_traces_once(reports, family):
+  rep = reports[family]
+  # 4 meshes x (3 prefills (one per readout set) + 3 greedy decode loops + LoopSpec's initial state).
+  assert rep["n_wrappers"] == 4 * 7
+  for name, mesh, static, size in rep["cache_sizes"]:
+    assert size == 1, (name, mesh, static)  # one compiled program per wrapper
+  assert rep["traces"] == rep["n_wrappers"]  # each traced once (counted before the sampled runs)
+  assert rep["rerun_traces"] == 0 and rep["plan_extra_traces"] == 0  # reruns reuse the programs
+  assert rep["rerun_tokens"] == rep["greedy"]["None|ar"]
+  # The sampled runs (another worker for huginn) add just 3 sampled decode loops, or 7 in a fresh process.
+  assert rep["sampled_new_wrappers"] == (3 if family == "ouro" else 7)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_plan_memory_matches_real_bytes(reports, family):
+  rep = reports[family]
+  real, plan = rep["real_bytes_per_device"], rep["plan_row"]
+  for cat, values in real.items():
+    assert len(values) == 1, f"{cat}: devices hold different amounts {values}"
+    assert plan[cat] == values[0], (cat, plan[cat], values[0])
+  assert plan["total"] == sum(v[0] for v in real.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# In-process checks of the rules (no devices needed)
+# ---------------------------------------------------------------------------------------------------
+def test_logical_spec_fallback_and_whole_heads():
+  from jax.sharding import PartitionSpec as P
+  from loopspec_jax import sharding
+  from loopspec_jax.config import from_config_dict
+  from configs.models import huginn_0125
+  cfg = from_config_dict(huginn_0125.get_config())
+  sizes = {"data": 2, "model": 4}
+  # 55 heads do not divide over 4 devices: replicated, although 55 * 96 = 5280 would split (mid-head).
+  assert sharding.logical_spec(("layers", "embed", "heads"), (4, 5280, 5280), sizes, cfg=cfg) == P(None, None, None)
+  assert sharding.logical_spec(("layers", "embed", "mlp"), (4, 5280, 17920), sizes, cfg=cfg) == P(None, None, "model")
+  assert sharding.logical_spec(("batch", "length"), (3, 8), sizes) == P(None, None)  # 3 requests: replicated
+  assert sharding.logical_spec(("batch", "length"), (4, 8), sizes) == P("data", None)
+  # A mesh axis is used once per array; custom rules can move an axis.
+  rules = sharding.normalize_rules({"heads": "model", "vocab": "model", "embed": None})
+  assert sharding.logical_spec(("heads", "vocab"), (8, 8), sizes, rules) == P("model", None)
+  assert sharding.shard_shape((4, 8, 12), P("data", None, "model"), sizes) == (2, 8, 3)
+
+
+def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
+  import jax
+  from jax.sharding import AxisType
+  from loopspec_jax import sharding
+  mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+  p = sharding.plan(mesh)
+  assert all(t == AxisType.Auto for t in p.mesh.axis_types) and p.rules == sharding.RULES
+  assert sharding.plan(p) is p
+  with pytest.raises(ValueError, match="named"):
+    sharding.plan(jax.make_mesh((1,), ("x",)))
+
+
+def test_pad_and_drop_requests():
+  import jax
+  from loopspec_jax import api, sharding
+  p = sharding.plan(sharding.make_mesh((1, 1), devices=jax.devices()[:1]))
+  assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
+  prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
+  assert prompts == [[1, 2], [3], [0], [0]] and rid == [5, 9, 10, 11] and n == 2
+  res = api.GenerateResult([[1, 2], [3], [4], [5]], {"batch": 4, "tokens_generated": 5, "decode_seconds": 1.0,
+                                                     "per_request": {"ticks": [1, 2, 3, 4]}})
+  out = sharding.drop_padding(res, 2)
+  assert out.tokens == [[1, 2], [3]] and out.stats["tokens_generated"] == 3 and out.stats["padded_batch"] == 4
+  assert out.stats["per_request"]["ticks"] == [1, 2]
+
+
+def test_mesh_configs_build_rules():
+  from configs.mesh import cpu8, v4_8, v5e_8, v5e_16
+  from loopspec_jax import sharding
+  assert tuple(v4_8.get_config().mesh_shape) == (2, 2)
+  assert tuple(v5e_8.get_config().mesh_shape) == (2, 4)
+  assert tuple(v5e_16.get_config().mesh_shape) == (4, 4)
+  assert tuple(cpu8.get_config("data=8,model=1").mesh_shape) == (8, 1)
+  assert tuple(v5e_8.get_config("1,8").mesh_shape) == (1, 8)
+  assert sharding.rules_from_config(v5e_8.get_config()) == sharding.RULES
+
+
+if __name__ == "__main__":
+  if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+    _worker(sys.argv[2], sys.argv[3])
+  else:
+    print("usage: test_sharding.py --worker FAMILY OUT.json", file=sys.stderr)
+    sys.exit(2)
