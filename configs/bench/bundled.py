@@ -29,6 +29,9 @@ def get_config(arg=None):
       "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1", "loopspec:d1=1,d2=2"],
   }
   c.out_dir = "results/bench_bundled"
+  if arg == "two":  # the README table: two prompt sets, both samplings
+    c.tasks = ["gsm8k", "shakespeare"]
+    c.out_dir = "results/bench_bundled_two"
   if arg == "quick":
     c.tasks = ["gsm8k", "shakespeare"]
     c.samplings = ["greedy"]

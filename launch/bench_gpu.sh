@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One prepared command for a CUDA machine: install the project with CUDA JAX and run the bundled-model
+# benchmark (AR, chain, LoopSpec single and two proposals; greedy and sampled), in under 10 minutes.
+#   launch/bench_gpu.sh              # install + run, results in results/bench_gpu/
+#   launch/bench_gpu.sh --dry-run    # print the commands only
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${VENV:-$ROOT/.venv-gpu}"
+CMDS=(
+  "python3 -m venv $VENV"
+  "$VENV/bin/pip install --upgrade pip"
+  "$VENV/bin/pip install .[dev] jax[cuda12]"
+  "$VENV/bin/python -c 'import jax; print(jax.devices())'"
+  "$VENV/bin/python -m experiments.bench --config=configs/bench/bundled.py:two --config.out_dir=results/bench_gpu"
+)
+for c in "${CMDS[@]}"; do
+  echo "+ $c"
+  if [[ "${1:-}" != "--dry-run" ]]; then
+    bash -c "$c"
+  fi
+done
