@@ -405,7 +405,8 @@ Corpus tokens: {", ".join(f"{k} {len(v):,}" for k, v in corpus.tokens.items())}.
 - {steps} steps x batch {c.batch_size} x {c.seq_len} tokens = {toks:,} tokens; AdamW lr {c.lr} (warmup
   {c.warmup_steps}, cosine to {c.lr * c.min_lr_ratio:g}), weight decay {c.weight_decay}, clip {c.grad_clip},
   compute {c.compute_dtype}, seed {c.seed}.
-- Command: `{command}`{f" ({seconds / 60:.1f} min on 2 shared CPU cores)" if seconds else ""}.
+- Command: `{command}`{f" ({seconds / 60:.1f} min wall in the final process, on CPU cores shared with other jobs)"
+                         if seconds else ""}.
 
 ## Held-out evaluation
 {ev["tokens"]:,} tokens of held-out Shakespeare ({ev["tokens"] // c.seq_len} windows of {c.seq_len}), full-sequence
