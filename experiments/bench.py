@@ -24,7 +24,8 @@ from tqdm import tqdm
 import loopspec_jax
 from experiments import common
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench/default.py", "benchmark config")
+# The --config flag is defined in run(), not at import, so that tests can import several experiments.
+_FLAGS = {}
 
 
 def aggregate(stats_list: list, r: int) -> dict:
@@ -135,7 +136,7 @@ def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> l
 
 def main(argv):
   del argv
-  cfg = _CONFIG.value
+  cfg = _FLAGS["config"].value
   rows = []
   for model_spec in cfg.models:
     model = common.resolve_model(model_spec, contraction=cfg.get("contraction"), seed=cfg.seed)
@@ -162,6 +163,7 @@ def main(argv):
 
 
 def run():
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", "configs/bench/default.py", "benchmark config")
   app.run(main)
 
 

@@ -170,7 +170,9 @@ def check_regime(regime, kw, st, n_tokens):
   if regime == "accepted":
     assert rej < 0.05 and c["first"] >= 0.9 * nonfinal, (regime, st["commits"], st["reject_first"])
   else:
-    assert rej > 0.5 and c["first"] < 0.5 * nonfinal + 1, (regime, st["commits"], st["reject_first"])
+    # A request's final commit is counted by its verification stage, so `first` may include up to BATCH
+    # final accepts on top of the hand-overs to drafted children.
+    assert rej > 0.5 and c["first"] < 0.5 * nonfinal + BATCH, (regime, st["commits"], st["reject_first"])
 
 
 def _run(case):
