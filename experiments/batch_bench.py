@@ -45,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
   return c
 
 
-_CONFIG = config_flags.DEFINE_config_dict("config", get_config(), "batch benchmark config")
+_FLAGS = {}  # defined in run(), so that importing this module defines no flags
 
 
 def run_one(model, prompts, name, kw, cfg, mesh):
@@ -111,7 +111,7 @@ def markdown(rows: list, labels: list) -> str:
 def main(argv):
   del argv
   distributed.initialize_from_env()
-  cfg = _CONFIG.value
+  cfg = _FLAGS["config"].value
   mesh = None
   model = common.resolve_model(cfg.model, contraction=cfg.contraction, seed=cfg.seed)
   if cfg.mesh:
@@ -136,5 +136,10 @@ def main(argv):
     logging.info("wrote %s", cfg.out_dir)
 
 
-if __name__ == "__main__":
+def run():
+  _FLAGS["config"] = config_flags.DEFINE_config_dict("config", get_config(), "batch benchmark config")
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -29,19 +29,23 @@ from loopspec_jax import model as M
 from loopspec_jax import sharding
 from loopspec_jax.config import from_config_dict
 
-_MODELS = flags.DEFINE_list("models", ["huginn_0125", "ouro_2p6b"], "configs/models module names (name[:overrides])")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "parameter / cache dtype")
-_CONTEXT = flags.DEFINE_integer("context", 4096, "context length (cache positions) per request")
-_MESHES = flags.DEFINE_list("meshes", ["1x8", "2x4"], "mesh shapes DATAxMODEL")
-_BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8"], "requests per batch (padded to the data axis)")
-_METHODS = flags.DEFINE_list("methods", ["ar", "loopspec"], "ar and/or loopspec")
-_D1 = flags.DEFINE_integer("d1", 0, "LoopSpec draft depth (0: max(1, R // 8))")
-_D2 = flags.DEFINE_integer("d2", 0, "LoopSpec second-proposal depth (0: none)")
-_CAPACITY = flags.DEFINE_integer("lane_capacity", 0, "LoopSpec lanes per request (0: the default for d1, d2)")
-_MEMORY = flags.DEFINE_float("device_memory_gib", 16.0, "memory per device; larger plans are flagged")
-_MESH_CONFIG = flags.DEFINE_string("mesh_config", None, "configs/mesh module whose rules to use, e.g. v5e_8 "
-                                    "(default: sharding.RULES)")
-_OUT = flags.DEFINE_string("out_dir", None, "write plan_memory.md / .json here (process 0 only)")
+
+def define_flags():
+  """Defines the flags (at run time, so that importing this module in tests defines none)."""
+  flags.DEFINE_list("models", ["huginn_0125", "ouro_2p6b"], "configs/models module names (name[:overrides])")
+  flags.DEFINE_string("dtype", "bfloat16", "parameter / cache dtype")
+  flags.DEFINE_integer("context", 4096, "context length (cache positions) per request")
+  flags.DEFINE_list("meshes", ["1x8", "2x4"], "mesh shapes DATAxMODEL")
+  flags.DEFINE_list("batches", ["1", "2", "4", "8"], "requests per batch (padded to the data axis)")
+  flags.DEFINE_list("methods", ["ar", "loopspec"], "ar and/or loopspec")
+  flags.DEFINE_integer("d1", 0, "LoopSpec draft depth (0: max(1, R // 8))")
+  flags.DEFINE_integer("d2", 0, "LoopSpec second-proposal depth (0: none)")
+  flags.DEFINE_integer("lane_capacity", 0, "LoopSpec lanes per request (0: the default for d1, d2)")
+  flags.DEFINE_float("device_memory_gib", 16.0, "memory per device; larger plans are flagged")
+  flags.DEFINE_string("mesh_config", None, "configs/mesh module whose rules to use, e.g. v5e_8 (default: "
+                      "sharding.RULES)")
+  flags.DEFINE_string("out_dir", None, "write plan_memory.md / .json here (process 0 only)")
+
 
 GIB = 1024 ** 3
 
@@ -91,14 +95,14 @@ def plan_row(cfg, batch: int, context: int, mesh_shape: tuple, method: str, rule
   return row
 
 
-def method_settings(cfg, method: str):
-  """(label, d1, d2, capacity) of a method for this model's recurrence."""
+def method_settings(cfg, method: str, d1: int = 0, d2: int = 0, capacity: int = 0):
+  """(label, d1, d2, capacity) of a method for this model's recurrence (0: defaults)."""
   if method == "ar":
     return "ar", None, None, None
-  d1 = _D1.value or max(1, cfg.recurrence // 8)
-  d2 = _D2.value or None
-  loopspec.validate(cfg, d1, d2, _CAPACITY.value or None)
-  cap = _CAPACITY.value or loopspec.default_capacity(cfg.recurrence, d1, d2)
+  d1 = d1 or max(1, cfg.recurrence // 8)
+  d2 = d2 or None
+  loopspec.validate(cfg, d1, d2, capacity or None)
+  cap = capacity or loopspec.default_capacity(cfg.recurrence, d1, d2)
   label = f"loopspec(d1={d1}{'' if d2 is None else f',d2={d2}'},N={cap})"
   return label, d1, d2, cap
 
@@ -117,28 +121,34 @@ def markdown(rows: list, memory_gib: float) -> str:
 
 def main(argv):
   del argv
+  f = flags.FLAGS
   rules = sharding.RULES
-  if _MESH_CONFIG.value:
+  if f.mesh_config:
     from configs.mesh import _base as mesh_configs
-    rules = sharding.rules_from_config(mesh_configs.resolve(_MESH_CONFIG.value))
-  meshes = [tuple(int(x) for x in m.lower().split("x")) for m in _MESHES.value]
+    rules = sharding.rules_from_config(mesh_configs.resolve(f.mesh_config))
+  meshes = [tuple(int(x) for x in m.lower().split("x")) for m in f.meshes]
   rows = []
-  for spec in _MODELS.value:
-    cfg = model_config(spec, _DTYPE.value, _CONTEXT.value)
+  for spec in f.models:
+    cfg = model_config(spec, f.dtype, f.context)
     for mesh_shape in meshes:
-      for method in _METHODS.value:
-        label, d1, d2, cap = method_settings(cfg, method)
-        for b in _BATCHES.value:
-          row = plan_row(cfg, int(b), _CONTEXT.value, mesh_shape, method, rules, d1, d2, cap, _MEMORY.value)
+      for method in f.methods:
+        label, d1, d2, cap = method_settings(cfg, method, f.d1, f.d2, f.lane_capacity)
+        for b in f.batches:
+          row = plan_row(cfg, int(b), f.context, mesh_shape, method, rules, d1, d2, cap, f.device_memory_gib)
           rows.append({"model": spec, "label": label, **row})
-  table = markdown(rows, _MEMORY.value)
-  header = (f"dtype {_DTYPE.value}, context {_CONTEXT.value}, {_MEMORY.value:g} GiB per device; activations and "
+  table = markdown(rows, f.device_memory_gib)
+  header = (f"dtype {f.dtype}, context {f.context}, {f.device_memory_gib:g} GiB per device; activations and "
             "workspace not counted")
   print(header + "\n\n" + table)
-  if _OUT.value and common.is_main_process():
-    common.atomic_write_text(os.path.join(_OUT.value, "plan_memory.md"), header + "\n\n" + table + "\n")
-    common.atomic_write_json(os.path.join(_OUT.value, "plan_memory.json"), rows)
+  if f.out_dir and common.is_main_process():
+    common.atomic_write_text(os.path.join(f.out_dir, "plan_memory.md"), header + "\n\n" + table + "\n")
+    common.atomic_write_json(os.path.join(f.out_dir, "plan_memory.json"), rows)
+
+
+def run():
+  define_flags()
+  app.run(main)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run()
