@@ -125,13 +125,23 @@ def machine_description() -> str:
 
 
 def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
+  """`num` prompts of a task as token ids. Text prompts longer than half the model's context keep their last
+  max_len // 2 tokens (few-shot prefixes do not fit the tiny models); each cut is logged."""
   if task == "random":
     import numpy as np
     rng = np.random.RandomState(seed)
     return [rng.randint(0, model.config.vocab_size, prompt_len).tolist() for _ in range(num)]
   from loopspec_jax import prompts as prompt_sets
   texts = prompt_sets.load_prompts(task, num)
-  return [model.encode(t)[-(model.config.max_len // 2):] for t in texts]
+  keep = model.config.max_len // 2
+  out = []
+  for i, t in enumerate(texts):
+    ids = model.encode(t)
+    if len(ids) > keep:
+      logging.warning("%s prompt %d: %d tokens, keeping the last %d (context %d)", task, i, len(ids), keep,
+                      model.config.max_len)
+    out.append(ids[-keep:])
+  return out
 
 
 def main(argv):

@@ -218,11 +218,6 @@ def readouts(model: LoopedModel, token_ids, depths=None, *, init_state=None) -> 
   return np.asarray(out[:, 0], np.float32)
 
 
-@jax.jit
-def _identity(x):
-  return x
-
-
 _forward_depths = jax.jit(
     lambda params, tokens, lengths, noise, depths, cfg: M.forward_depths(params, tokens, lengths, depths, cfg,
                                                                            noise),

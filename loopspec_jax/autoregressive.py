@@ -63,18 +63,18 @@ def full_depth_token_step(params, cache, tok, pos, noise, layout: M.SlotLayout, 
   mask = (jnp.arange(t)[None, None, :] < pos[:, None, None])  # [B, 1, T]: the committed prefix
   self_mask = jnp.ones((b, 1, 1), bool)
   e, k, v = M.pre(params, tok[:, None], q, self_mask, kvcache.prefix_ctx(cache, layout.prelude(0), mask), cfg)
-  cache = kvcache.write_positions(cache, layout.prelude(0), k, v, q, e)
+  cache = kvcache.write_positions(cache, layout.prelude(0), k, v, q)
   s = M.initial_state(e, cfg, noise)
 
   def step(i, carry):
     s, cache = carry
     base = layout.core(i, 0)
     s, k, v = M.core_step(params, s, e, q, self_mask, kvcache.prefix_ctx(cache, base, mask), cfg)
-    return s, kvcache.write_positions(cache, base, k, v, q, s)
+    return s, kvcache.write_positions(cache, base, k, v, q)
 
   s, cache = jax.lax.fori_loop(0, cfg.recurrence, step, (s, cache))
   logits, k, v = M.post(params, s, q, self_mask, kvcache.prefix_ctx(cache, layout.coda(0, 0), mask), cfg)
-  cache = kvcache.write_positions(cache, layout.coda(0, 0), k, v, q, logits)
+  cache = kvcache.write_positions(cache, layout.coda(0, 0), k, v, q)
   return logits[:, 0], cache
 
 

@@ -43,22 +43,11 @@ def write_block(cache, base, k, v):
           "v": jax.lax.dynamic_update_slice(cache["v"], v, idx)}
 
 
-def after(x, *deps):
-  """x, made to depend on `deps` (an optimization barrier), so an in-place cache write of x is scheduled
-  after the reads that produced deps; otherwise XLA copies the whole cache to keep the old values alive."""
-  return jax.lax.optimization_barrier((x, deps))[0]
-
-
-def write_positions(cache, base, k, v, pos, *deps):
-  """Writes k/v [L, B, S, KV, D] at slots base..base+L-1 and per-request positions pos [B, S].
-
-  `deps`: values computed from reads of the cache (e.g. the layer output); the write waits for them.
-  """
+def write_positions(cache, base, k, v, pos):
+  """Writes k/v [L, B, S, KV, D] at slots base..base+L-1 and per-request positions pos [B, S]."""
   n = k.shape[0]
   if n == 0:
     return cache
-  if deps:
-    k, v = after((k, v), *deps)
   b = k.shape[1]
   slots = (base + jnp.arange(n))[:, None, None]
   bidx = jnp.arange(b)[None, :, None]
