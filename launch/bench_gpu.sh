@@ -12,7 +12,7 @@ CMDS=(
   "$VENV/bin/pip install --upgrade pip"
   "$VENV/bin/pip install .[dev] jax[cuda12]"
   "$VENV/bin/python -c 'import jax; print(jax.devices())'"
-  "$VENV/bin/python -m experiments.bench --config=configs/bench/bundled.py:two --config.out_dir=results/bench_gpu"
+  "$VENV/bin/python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.out_dir=results/bench_gpu"
 )
 for c in "${CMDS[@]}"; do
   echo "+ $c"

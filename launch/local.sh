@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs an experiment module locally from the repository root:
-#   launch/local.sh experiments.demo --config=configs/models/tiny_ouro.py [absl flags...]
-#   launch/local.sh --dry-run experiments.demo ...     (only prints the command)
+#   launch/local.sh experiments.demo --config.model=tiny-ouro [flags...]
+#   launch/local.sh --dry-run experiments.bench --config=bench/bundled.py:quick     (only prints the command)
+# MODULE is a module of loopspec_jax.experiments: `experiments.X` (or just `X`) is shorthand for
+# `loopspec_jax.experiments.X`; a full dotted name is used as given.
 # Uses $PYTHON if set, else the checkout's .venv python if present, else python.
 set -euo pipefail
 
@@ -26,7 +28,15 @@ else
   PY=python
 fi
 
-CMD=("$PY" -m "$@")
+MODULE="$1"
+shift
+case "$MODULE" in
+  loopspec_jax.*) ;;
+  experiments.*) MODULE="loopspec_jax.$MODULE" ;;
+  *.*) ;;
+  *) MODULE="loopspec_jax.experiments.$MODULE" ;;
+esac
+CMD=("$PY" -m "$MODULE" "$@")
 echo "+ (cd $ROOT &&$(printf ' %q' "${CMD[@]}"))"
 if [[ $DRY_RUN -eq 1 ]]; then
   exit 0

@@ -5,7 +5,8 @@
 #   launch/tpu_vm.sh [--dry-run] [--keep] [--existing] MODULE [flags...]
 #   NAME=ls-v5e16 ZONE=us-west4-a ACCELERATOR=v5litepod-16 launch/tpu_vm.sh \
 #       experiments.batch_bench --config.mesh=v5e_16
-#   launch/tpu_vm.sh --dry-run experiments.plan_memory --meshes=2x4      (only prints the gcloud commands)
+#   launch/tpu_vm.sh --dry-run experiments.plan_memory --config.meshes=2x4   (only prints the gcloud commands)
+# MODULE: `experiments.X` (or `X`) is shorthand for `loopspec_jax.experiments.X`; a full dotted name is kept.
 #
 # Settings (environment, or the flags above):
 #   NAME          TPU VM name (default loopspec-$USER)
@@ -18,7 +19,7 @@
 #   KEEP=1        do not delete the VM at the end;  EXISTING=1  use an existing VM (never deleted)
 #   DRY_RUN=1     print the commands instead of running them
 # Multi-host slices (v5litepod-16: 4 hosts) run one process per host; the experiment calls
-# loopspec_jax.distributed.initialize_from_env(), which lets JAX discover the slice, and only process 0 writes.
+# loopspec_jax.parallel.distributed.initialize_from_env(), which lets JAX discover the slice; only process 0 writes.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +48,13 @@ if [[ -z "$EXPERIMENT" ]]; then
   echo "usage: $0 [--dry-run] [--keep] [--existing] MODULE [flags...]   (or EXPERIMENT=... ARGS=...)" >&2
   exit 2
 fi
+
+case "$EXPERIMENT" in
+  loopspec_jax.*) ;;
+  experiments.*) EXPERIMENT="loopspec_jax.$EXPERIMENT" ;;
+  *.*) ;;
+  *) EXPERIMENT="loopspec_jax.experiments.$EXPERIMENT" ;;
+esac
 
 ACCELERATOR="${ACCELERATOR:-v4-8}"
 case "$ACCELERATOR" in

@@ -1,7 +1,2 @@
-"""Makes the checkout importable (configs/, experiments/) however pytest is started."""
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
+"""pytest configuration. Shared test helpers live in tests/helpers.py (`import helpers`); the package itself is
+pip-installed (`pip install -e .`), so nothing here touches sys.path."""

@@ -1,39 +1,119 @@
-"""The side-by-side benchmark runs end to end and reports the fields outside tools read."""
+"""The side-by-side benchmark runs end to end; experiment flags, specs and stats sums follow one convention."""
 import json
+import os
+import sys
 
 import chex
+from absl import flags
+from absl import logging
 from absl.testing import absltest
 
-from experiments import bench
-from experiments import common
+from loopspec_jax.analysis import theory
+from loopspec_jax.experiments import bench
+from loopspec_jax.experiments import common
+from loopspec_jax.experiments import demo
+from loopspec_jax.experiments import generate
+from loopspec_jax.experiments import sweep
 
 
 class BenchTest(chex.TestCase):
 
   def test_benchmark_tiny_model_side_by_side(self):
-    model = common.resolve_model("random:tiny_huginn", contraction=0.05, seed=0)
+    model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
     methods = ["ar", "chain:d1=2,gamma=3", "loopspec:d1=2", "loopspec:d1=2,d2=4"]
     res = bench.benchmark(model, prompts, methods, {"temperature": 0.0}, max_new_tokens=8, repeats=1,
                           progress=False)
     self.assertEqual(list(res), ["ar", "chain(d1=2,gamma=3)", "loopspec(d1=2)", "loopspec(d1=2,d2=4)"])
-    for label, r in res.items():
-      self.assertTrue(r["identical_to_ar"], label)  # greedy speculative output equals AR token for token
-      self.assertEqual(r["tokens"], 16)
-      self.assertGreater(r["wall_clock_ratio_median"], 0.0)
-      self.assertGreater(r["mean_accepted_length"], 0.0)
+    r = model.config.recurrence
+    for label, x in res.items():
+      self.assertTrue(x["identical_to_ar"], label)  # greedy speculative output equals AR token for token
+      self.assertEqual(x["tokens"], 16)
+      self.assertGreater(x["wall_clock_ratio_median"], 0.0)
+      self.assertGreater(x["mean_accepted_length"], 0.0)
+      self.assertGreater(x["ticks"], 0)
     self.assertAlmostEqual(res["ar"]["wall_clock_ratio_median"], 1.0)
+    self.assertEqual(res["ar"]["ticks"], 16)  # AR: one loop iteration per token
+    # gamma is the library's cost identity on the summed counts, for chain and LoopSpec alike.
+    ch = res["chain(d1=2,gamma=3)"]
+    self.assertAlmostEqual(ch["mean_accepted_length"], theory.chain_accepted_length(r, 2, 3, 16, ch["rounds"]))
+    ls = res["loopspec(d1=2,d2=4)"]
+    c = ls["commits"]
+    self.assertAlmostEqual(ls["mean_accepted_length"],
+                           theory.gamma_from_counts(r, 2, 4, 16, c["second"] + c["restart"], c["restart"]))
     # With a contractive core, most first proposals are accepted.
-    self.assertGreater(res["loopspec(d1=2,d2=4)"]["mean_accepted_length"], 2.0)
+    self.assertGreater(ls["mean_accepted_length"], 2.0)
     rows = [{"model": "tiny", "task": "random", "sampling": "greedy", "method": k, **v} for k, v in res.items()]
     table = bench.markdown_table(rows)
     self.assertIn("loopspec(d1=2,d2=4)", table)
+    self.assertIn("ms/tick", table)
     json.dumps(rows, default=common._json_default)
+    line = common.time_line("loopspec", ls, res["ar"])
+    self.assertRegex(line, r"^loopspec: \d+ ticks, [\d.]+ tokens/tick, [\d.]+ ms/tick \(AR: [\d.]+ ms/token\)$")
 
-  def test_parse_method(self):
+  def test_parse_method_and_none(self):
     self.assertEqual(common.parse_method("loopspec:d1=2,d2=8"), ("loopspec", {"d1": 2, "d2": 8}))
     self.assertEqual(common.parse_method("loopspec:d1=2,d2=none"), ("loopspec", {"d1": 2, "d2": None}))
     self.assertEqual(common.parse_method("ar"), ("ar", {}))
+    with self.assertRaisesRegex(ValueError, "none"):
+      common.parse_method("loopspec:d1=2,d2=None")  # one spelling
+    self.assertEqual(common.parse_optional_int("none"), None)
+    self.assertEqual(common.parse_optional_int(" 4 "), 4)
+
+  def test_model_specs(self):
+    cfg = common.resolve_model("random:ouro:tiny").config
+    self.assertEqual((cfg.family, cfg.recurrence), ("ouro", 4))
+    with self.assertRaisesRegex(ValueError, "known"):
+      common.resolve_model("random:tiny_huginn")
+
+
+class FlagsTest(absltest.TestCase):
+  """Every experiment parses its own --config; several experiments live in one process without collisions."""
+
+  def tearDown(self):
+    super().tearDown()
+    flags.FLAGS.unparse_flags()
+    logging.set_verbosity(logging.WARNING)
+
+  def _parse(self, module, *args):
+    saved = sys.argv
+    try:
+      rest = common.parse_flags(module.FLAGS, ["prog", *args])
+    finally:
+      sys.argv = saved
+    return rest, module._CONFIG.value
+
+  def test_defaults_come_from_the_package(self):
+    _, cfg = self._parse(bench)
+    self.assertEqual(list(cfg.models), ["random:huginn:bench_r32"])
+    _, cfg = self._parse(sweep)
+    self.assertEqual(cfg.model, "random:huginn:bench_r32")
+    _, cfg = self._parse(demo, "--config.max_new_tokens=8", "--config.d1=4", "--config.d2=none")
+    self.assertEqual((cfg.max_new_tokens, cfg.d1, cfg.d2, cfg.model), (8, 4, None, "tiny-raven"))
+    self.assertTrue(os.path.isabs(common.config_path("demo.py")))
+
+  def test_package_relative_config_with_preset_and_overrides(self):
+    cwd = os.getcwd()
+    os.chdir("/")  # works from any directory
+    try:
+      rest, cfg = self._parse(bench, "--config=bench/bundled.py:quick", "--config.repeats=2",
+                              "--config.contraction=none", "extra")
+    finally:
+      os.chdir(cwd)
+    self.assertEqual(rest, ["prog", "extra"])
+    self.assertEqual((cfg.repeats, cfg.max_new_tokens, cfg.contraction), (2, 16, None))
+    _, cfg = self._parse(sweep, "--config=loopspec_jax/configs/sweeps/default.py:tiny", "--config.chain_d1=none")
+    self.assertEqual((cfg.model, cfg.chain_d1), ("random:huginn:tiny", None))
+    with self.assertRaises(Exception):
+      self._parse(sweep, "--config=sweeps/default.py:nosuchpreset")
+
+  def test_reparse_and_logs_quiet_unless_asked(self):
+    _, cfg = self._parse(generate, "--config.max_new_tokens=3")
+    self.assertEqual(cfg.max_new_tokens, 3)
+    self.assertEqual(logging.get_verbosity(), logging.WARNING)
+    _, cfg = self._parse(generate, "--config.max_new_tokens=5", "--verbosity=0")  # a second parse in one process
+    self.assertEqual(cfg.max_new_tokens, 5)
+    self.assertEqual(logging.get_verbosity(), logging.INFO)
 
 
 if __name__ == "__main__":

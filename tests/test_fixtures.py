@@ -3,33 +3,14 @@
 tests/fixtures/{huginn_tiny,ouro_tiny} hold model.safetensors + config.json (real key and tensor names) and
 oracle.npz computed by the public reference code (see tests/fixtures/PROVENANCE.md).
 """
-import functools
-import os
-import sys
-
 import chex
 import numpy as np
 from absl.testing import parameterized
 
-# Let `.venv/bin/pytest` import the package from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
+import loopspec_jax
+from helpers import fixture
 
-import loopspec_jax  # noqa: E402
-
-FIXTURES = os.path.join(_ROOT, "tests", "fixtures")
 ATOL = 1e-4  # float32 vs the float64 oracle, on logits
-
-
-@functools.lru_cache(maxsize=None)
-def fixture(name):
-  """(model, oracle dict) of one fixture, loaded once per test session."""
-  path = os.path.join(FIXTURES, name)
-  model = loopspec_jax.load(path)
-  with np.load(os.path.join(path, "oracle.npz")) as f:
-    oracle = {k: f[k] for k in f.files}
-  return model, oracle
 
 
 class FixtureTest(chex.TestCase):

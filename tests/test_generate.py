@@ -4,7 +4,6 @@ trace counts, and the `experiments/generate.py` script.
 Prompts stay within one length bucket (<= 16 tokens, max_new_tokens=16: prompt bucket 16, cache 32) and batch
 sizes 1 and 2, the shapes tests/test_fixtures.py also uses, so a joint pytest run compiles each program once.
 """
-import functools
 import io
 import os
 import sys
@@ -18,26 +17,14 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-# Let `.venv/bin/pytest` import the package (and configs/, experiments/) from a bare checkout.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
+import loopspec_jax
+import helpers
+from helpers import FIXTURES, fixture
+from loopspec_jax.decoding import common
+from loopspec_jax import api
+from loopspec_jax.decoding import autoregressive as ar
 
-import loopspec_jax  # noqa: E402
-from loopspec_jax import api  # noqa: E402
-from loopspec_jax import autoregressive as ar  # noqa: E402
-
-FIXTURES = os.path.join(_ROOT, "tests", "fixtures")
 N_NEW = 16
-
-
-@functools.lru_cache(maxsize=None)
-def fixture(name):
-  path = os.path.join(FIXTURES, name)
-  model = loopspec_jax.load(path)
-  with np.load(os.path.join(path, "oracle.npz")) as f:
-    oracle = {k: f[k] for k in f.files}
-  return model, oracle
 
 
 def prompts_for(model):
@@ -122,8 +109,8 @@ class RandomInitTest(chex.TestCase):
     # The decoder draws s0 per (seed, request, position); a full-sequence forward from the same s0 must agree
     # with it: the greedy tokens are the argmax of the depth-R logits at the preceding positions.
     seq = prompt + toks
-    sp = api.sampling_params(1, n_new, 0.0, 0, 1.0, 5, None)
-    noise = ar.state_noise(sp, jnp.arange(len(seq))[None], model.config)[0]
+    sp = common.make_sampling_params(1, n_new, 0.0, 0, 1.0, 5, None)
+    noise = common.state_noise(sp, jnp.arange(len(seq))[None], model.config)[0]
     self.assertEqual(noise.shape, (len(seq), model.config.hidden_size))
     rand = loopspec_jax.readouts(model, seq, init_state=noise)
     zero = loopspec_jax.readouts(model, seq)
@@ -156,17 +143,13 @@ class ValidationTest(chex.TestCase):
       ("zero_new_tokens", dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
       ("eos_out_of_vocab", dict(eos_id=999), "eos_id 999 is outside the vocabulary"),
       ("unknown_method", dict(method="beam"), "unknown method 'beam'"),
-      ("depths_for_ar", dict(d1=2), "method='ar' takes no d1/d2/gamma"),
+      ("depths_for_ar", dict(d1=2), "method='ar' takes no d1"),
   )
   def test_rejected_before_compiling(self, kwargs, match):
     model, oracle = fixture("huginn_tiny")
     args = dict(prompts=[oracle["input_ids"].tolist()], max_new_tokens=N_NEW)
     args.update(kwargs)
-    never = mock.Mock(side_effect=AssertionError("validation let a bad request reach a decode program"))
-    with mock.patch.object(ar, "prefill_state", never), mock.patch.object(ar, "decode_loop", never):
-      with pytest.raises(ValueError, match=match):
-        loopspec_jax.generate(model, **args)
-    never.assert_not_called()
+    helpers.assert_rejected_before_compiling(model, args, match, [(common, "prefill_state"), (ar, "decode_loop")])
 
   def test_readouts_validation(self):
     model, oracle = fixture("ouro_tiny")
@@ -182,7 +165,7 @@ class ValidationTest(chex.TestCase):
 class TraceCountTest(chex.TestCase):
   """Requests of the same batch size and length bucket reuse one compiled prefill and one decode loop.
 
-  `ar.prefill_state` / `ar.decode_loop` are jitted at import; here they are swapped (mock.patch.object, undone
+  `common.prefill_state` / `ar.decode_loop` are jitted at import; here they are swapped (mock.patch.object, undone
   after the test) for fresh jits of the same undecorated functions wrapped in `chex.assert_max_traces(n=1)`.
   The wrapper counts Python executions of the function body, which happen only while jax traces, so a second
   trace (= a recompile) raises. The fresh jits also start with empty caches, so `_cache_size()` counts exactly
@@ -195,12 +178,9 @@ class TraceCountTest(chex.TestCase):
 
   def test_two_batches_share_one_trace(self):
     model, _ = fixture("ouro_tiny")  # the cheaper model to compile: the fresh jits below compile once more
-    prefill = jax.jit(chex.assert_max_traces(ar.prefill_state.__wrapped__, n=1),
-                      static_argnames=("cfg", "readout_depths", "total_len", "random_init"))
-    decode = jax.jit(chex.assert_max_traces(ar.decode_loop.__wrapped__, n=1),
-                     static_argnames=("cfg", "greedy", "random_init"), donate_argnames=("state",))
+    prefill, decode = helpers.fresh_jit(common.prefill_state), helpers.fresh_jit(ar.decode_loop)
     p = prompts_for(model)
-    with mock.patch.object(ar, "prefill_state", prefill), mock.patch.object(ar, "decode_loop", decode):
+    with mock.patch.object(common, "prefill_state", prefill), mock.patch.object(ar, "decode_loop", decode):
       a = loopspec_jax.generate(model, [p[0], p[1]], max_new_tokens=N_NEW)
       # Different prompts, lengths, max_new_tokens (<= the same cache bucket) and eos: all traced values.
       b = loopspec_jax.generate(model, [p[2], p[0][:3]], max_new_tokens=N_NEW - 3, eos_id=7)
@@ -209,7 +189,7 @@ class TraceCountTest(chex.TestCase):
     self.assertLen(a.tokens[1], N_NEW)
     self.assertLessEqual(len(b.tokens[0]), N_NEW - 3)
     # Sanity check of the instrument: a different batch size is a new trace, which the wrapper rejects.
-    with mock.patch.object(ar, "prefill_state", prefill), mock.patch.object(ar, "decode_loop", decode):
+    with mock.patch.object(common, "prefill_state", prefill), mock.patch.object(ar, "decode_loop", decode):
       with pytest.raises(AssertionError, match="traced > 1 times"):
         loopspec_jax.generate(model, [p[0]], max_new_tokens=N_NEW)
 
@@ -220,11 +200,12 @@ class ScriptTest(chex.TestCase):
   def test_generate_script_main(self):
     from absl import flags
 
-    from experiments import generate as script
+    from loopspec_jax.configs import generate as gen_config
+    from loopspec_jax.experiments import generate as script
     _, oracle = fixture("huginn_tiny")
     ids = ",".join(str(t) for t in oracle["input_ids"])
-    argv = ["loopspec-generate", f"--config={os.path.join(_ROOT, 'configs', 'generate.py')}",
-            "--config.checkpoint=tests/fixtures/huginn_tiny", f"--config.prompt_ids={ids}",
+    argv = ["loopspec-generate", f"--config={gen_config.__file__}",
+            f"--config.checkpoint={os.path.join(FIXTURES, 'huginn_tiny')}", f"--config.prompt_ids={ids}",
             f"--config.max_new_tokens={N_NEW}"]
     out = io.StringIO()
     try:
@@ -243,8 +224,8 @@ class ScriptTest(chex.TestCase):
   def test_generate_from_config_with_a_tokenizer(self):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from configs import generate as gen_config
-    from experiments import generate as script
+    from loopspec_jax.configs import generate as gen_config
+    from loopspec_jax.experiments import generate as script
     model, oracle = fixture("huginn_tiny")
     vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))

@@ -2,7 +2,10 @@
 import os
 import subprocess
 
+from absl import flags
 import pytest
+
+from loopspec_jax.parallel import distributed
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,9 +17,12 @@ def _run(script, *args, **env):
 
 
 def test_local_dry_run():
-  out = _run("local.sh", "--dry-run", "experiments.plan_memory", "--meshes=2x4")
+  out = _run("local.sh", "--dry-run", "experiments.plan_memory", "--config.meshes=2x4")
   assert out.returncode == 0, out.stderr
-  assert "-m experiments.plan_memory --meshes=2x4" in out.stdout
+  assert "-m loopspec_jax.experiments.plan_memory --config.meshes=2x4" in out.stdout  # the shorthand expanded
+  for module in ("demo", "loopspec_jax.experiments.demo"):
+    out = _run("local.sh", "--dry-run", module)
+    assert out.returncode == 0 and "-m loopspec_jax.experiments.demo" in out.stdout, out.stdout
 
 
 def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
@@ -33,7 +39,7 @@ def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
   ssh = [c for c in cmds if c.startswith(f"{g} ssh ls-test")]
   assert len(ssh) == 2 and all("--worker=all" in c for c in ssh)
   assert "pip" in ssh[0] and "install" in ssh[0]
-  assert "python3\\ -m\\ experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
+  assert "python3\\ -m\\ loopspec_jax.experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
   assert "--recurse" in scp[-1] and "--worker=0" in scp[-1]
   assert cmds[-1] == f"{g} delete ls-test --zone=us-west4-a --quiet"
 
@@ -50,18 +56,24 @@ def test_tpu_vm_defaults_keep_and_existing(accel, zone, version):
 
 
 def test_tpu_vm_env_experiment_and_bad_accelerator():
-  out = _run("tpu_vm.sh", EXPERIMENT="experiments.plan_memory", ARGS="--meshes=1x8 --batches=1", DRY_RUN="1",
-             NAME="y", PROJECT="my-proj")
+  out = _run("tpu_vm.sh", EXPERIMENT="experiments.plan_memory", ARGS="--config.meshes=1x8 --config.batches=1",
+             DRY_RUN="1", NAME="y", PROJECT="my-proj")
   assert out.returncode == 0, out.stderr
-  assert "--project=my-proj" in out.stdout and "experiments.plan_memory\\ --meshes=1x8\\ --batches=1" in out.stdout
+  assert "--project=my-proj" in out.stdout
+  assert "loopspec_jax.experiments.plan_memory\\ --config.meshes=1x8\\ --config.batches=1" in out.stdout
   bad = _run("tpu_vm.sh", "--dry-run", "experiments.plan_memory", ACCELERATOR="v3-8")
   assert bad.returncode == 2 and "unsupported ACCELERATOR" in bad.stderr
   usage = _run("tpu_vm.sh", "--dry-run", EXPERIMENT="")
   assert usage.returncode == 2
 
 
+def test_bench_gpu_dry_run_uses_the_package_module():
+  out = _run("bench_gpu.sh", "--dry-run")
+  assert out.returncode == 0, out.stderr
+  assert "-m loopspec_jax.experiments.bench --config=bench/bundled.py:two" in out.stdout
+
+
 def test_distributed_settings_and_single_process_noop(monkeypatch):
-  from loopspec_jax import distributed
   for k in ("LOOPSPEC_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "LOOPSPEC_NUM_PROCESSES", "JAX_NUM_PROCESSES",
             "LOOPSPEC_PROCESS_ID", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
     monkeypatch.delenv(k, raising=False)
@@ -75,3 +87,8 @@ def test_distributed_settings_and_single_process_noop(monkeypatch):
   monkeypatch.delenv("LOOPSPEC_COORDINATOR")
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1,w2,w3")
   assert distributed.settings_from_env()["auto"] is True
+
+
+def test_distributed_defines_no_flags():
+  assert not [name for name in flags.FLAGS if name.startswith("dist_")]
+  assert not flags.FLAGS.flags_by_module_dict().get(distributed.__name__)

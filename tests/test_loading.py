@@ -1,11 +1,10 @@
 """Checkpoint I/O: HF directories (config.json + safetensors, single or sharded) of all four families, family
 detection and override, every kind of mismatch as a CheckpointError naming it, tokenizers, orbax round trips."""
 import functools
-import importlib
 import json
 import os
+import re
 import shutil
-import sys
 import tempfile
 
 import chex
@@ -16,25 +15,18 @@ import pytest
 from absl.testing import parameterized
 from safetensors.numpy import load_file, save_file
 
-# Let `.venv/bin/pytest` import the package (and configs/) from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
+import loopspec_jax
+from helpers import FIXTURES, tiny_config as _spec_config
+from loopspec_jax.checkpoint import hf as hf_checkpoint
+from loopspec_jax.models import looped as M
+from loopspec_jax.checkpoint.hf import CheckpointError
 
-import loopspec_jax  # noqa: E402
-from loopspec_jax import config as config_lib  # noqa: E402
-from loopspec_jax import hf_checkpoint  # noqa: E402
-from loopspec_jax import model as M  # noqa: E402
-from loopspec_jax.hf_checkpoint import CheckpointError  # noqa: E402
-
-TINY = {"huginn": "tiny_huginn", "ouro": "tiny_ouro", "raven-llama": "tiny_raven_llama",
-        "raven-olmo": "tiny_raven_olmo"}
-FIXTURES = os.path.join(_ROOT, "tests", "fixtures")
+TINY = {"huginn": "huginn:tiny", "ouro": "ouro:tiny", "raven-llama": "raven_llama:tiny",
+        "raven-olmo": "raven_olmo:tiny"}
 
 
 def tiny_config(family, **overrides):
-  cfg = config_lib.from_config_dict(importlib.import_module(f"configs.models.{TINY[family]}").get_config())
-  return cfg.replace(**overrides) if overrides else cfg
+  return _spec_config(TINY[family], **overrides)
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,6 +192,29 @@ class CheckpointErrorTest(TmpDirTestCase):
     e = cfg.hidden_size
     with pytest.raises(CheckpointError, match=rf"tensor '{name}' has shape \({3 * e - 8}, {e}\), "
                                               rf"expected \({3 * e}, {e}\)"):
+      loopspec_jax.load(path)
+
+  @parameterized.parameters(
+      ("huginn", "transformer.prelude.0.attn.Wqkv.weight", lambda x: x.T),  # transposed matrix
+      ("ouro", "model.layers.0.mlp.down_proj.weight", lambda x: x.T),
+      ("raven-llama", "transformer.core_block.1.mlp.fc.weight", lambda x: x.reshape(x.shape[1], -1)),
+      ("huginn", "transformer.coda.0.attn.qk_bias", lambda x: x.reshape(x.shape[0], x.shape[2], -1)),
+      ("raven-olmo", "transformer.prelude.0.attn.q_norm.weight", lambda x: x.reshape(2, -1)))
+  def test_equal_size_wrong_shape(self, family, name, edit):
+    """A tensor of the right element count in the wrong shape (e.g. transposed) is not silently reshaped."""
+    path = self.tmpdir()
+    write_checkpoint(path, family)
+    holder = {}
+
+    def rewrite(t):
+      holder["want"], t[name] = t[name].shape, np.ascontiguousarray(edit(t[name]))
+      holder["got"] = t[name].shape
+      assert t[name].size == int(np.prod(holder["want"])) and holder["got"] != holder["want"]
+
+    rewrite_tensors(path, rewrite)
+    with pytest.raises(CheckpointError, match=rf"tensor '{re.escape(name)}' has shape "
+                                              rf"{re.escape(str(holder['got']))}, expected "
+                                              rf"{re.escape(str(holder['want']))}"):
       loopspec_jax.load(path)
 
   @parameterized.parameters(("huginn", "n_embd"), ("raven-llama", "n_layers_in_recurrent_block"),

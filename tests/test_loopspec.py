@@ -8,72 +8,39 @@ every prompt batch below has 3 requests and falls in the same (16, 32) length bu
 per (model, method, depths). The wider (d1, d2) matrix and the HF fixtures are marked slow.
 """
 import functools
-import importlib
-import os
-import sys
-from unittest import mock
 
 import chex
 import jax
 import numpy as np
 import pytest
 
-# Let `.venv/bin/pytest` import the package (and configs/) from a bare checkout.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-import loopspec_jax  # noqa: E402
-from loopspec_jax import api  # noqa: E402
-from loopspec_jax import autoregressive as ar  # noqa: E402
-from loopspec_jax import config as config_lib  # noqa: E402
-from loopspec_jax import loopspec  # noqa: E402
-
-FIXTURES = os.path.join(_ROOT, "tests", "fixtures")
-
-# Three requests of different lengths (3, 7, 5 tokens), all in the (16, 32) bucket with MAX_NEW new tokens.
-PROMPTS = ((1, 2, 3), (5, 6, 7, 8, 9, 10, 11), (40, 41, 42, 43, 44))
-MAX_NEW = 12
+import helpers
+import loopspec_jax
+from helpers import MAX_NEW, PROMPTS, tiny_model
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
+from loopspec_jax.decoding.loopspec import state as loopspec
 
 # Per family: the (d1, d2) pair of the default test, its lane capacity (None: the default) and the
 # `contraction` that makes the depths converge so drafts are mostly accepted (random weights: mostly
 # rejected). The settings differ between families to cover, at no extra compile cost, d1 = 1 and d1 > 1,
 # d2 = 2 d1, d2 = 3 d1 and the single proposal (d2 = None), and the minimum capacity R/d1 + 1.
 FAMILIES = {
-    "tiny_ouro": dict(pair=(1, 2), cap=None, contraction=0.02),  # R = 4
-    "tiny_huginn": dict(pair=(2, 4), cap=8 // 2 + 1, contraction=0.05),  # R = 8, minimum capacity
-    "tiny_raven_llama": dict(pair=(2, 6), cap=None, contraction=0.05),  # R = 8
-    "tiny_raven_olmo": dict(pair=(1, None), cap=None, contraction=0.05),  # R = 8, single proposal
+    "ouro:tiny": dict(pair=(1, 2), cap=None, contraction=0.02),  # R = 4
+    "huginn:tiny": dict(pair=(2, 4), cap=8 // 2 + 1, contraction=0.05),  # R = 8, minimum capacity
+    "raven_llama:tiny": dict(pair=(2, 6), cap=None, contraction=0.05),  # R = 8
+    "raven_olmo:tiny": dict(pair=(1, None), cap=None, contraction=0.05),  # R = 8, single proposal
 }
 # More pairs per family at the default capacity: slow.
 EXTRA_PAIRS = {
-    "tiny_ouro": ((1, None), (2, None)),
-    "tiny_huginn": ((2, 4), (1, 2), (4, None)),
-    "tiny_raven_llama": ((2, 4), (2, None)),
-    "tiny_raven_olmo": ((1, 4), (2, 6)),
+    "ouro:tiny": ((1, None), (2, None)),
+    "huginn:tiny": ((2, 4), (1, 2), (4, None)),
+    "raven_llama:tiny": ((2, 4), (2, None)),
+    "raven_olmo:tiny": ((1, 4), (2, 6)),
 }
 
 
-def load_config(name, **overrides):
-  cfg = config_lib.from_config_dict(importlib.import_module(f"configs.models.{name}").get_config())
-  return cfg.replace(**overrides) if overrides else cfg
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_model(name, contraction=None):
-  return api.from_config(load_config(name), seed=0, contraction=contraction)
-
-
-@functools.lru_cache(maxsize=None)
-def fixture_model(name):
-  return loopspec_jax.load(os.path.join(FIXTURES, name))
-
-
-@functools.lru_cache(maxsize=None)
-def run(name, contraction, method, prompts=PROMPTS, max_new=MAX_NEW, **kw):
-  """generate() on a tiny model, cached: several tests read the same run (the result is never mutated)."""
-  return loopspec_jax.generate(tiny_model(name, contraction), [list(p) for p in prompts], max_new_tokens=max_new,
-                               method=method, **kw)
+run = helpers.generate_cached  # generate() on a tiny model, cached: several tests read one run
 
 
 def cost_of(r, d1, d2):
@@ -116,7 +83,8 @@ def assert_cost_identity(res, r, d1, d2):
   # exactly `cycles` steps plus R - cost(last source) per request (the first lane's ramp-up minus the unpaid
   # cost of the last commit), which is between 0 and R - d1.
   ticks = sum(pr["ticks"])
-  assert st["ticks"] == ticks
+  assert st["request_ticks"] == ticks
+  assert st["ticks"] == max(pr["ticks"])  # loop iterations: every live request ticks in each one
   transient = sum(r - cost[s] for s in pr["last_source"])
   assert ticks * d1 == cycles + transient
   assert 0 <= transient <= len(res.tokens) * (r - d1)
@@ -162,7 +130,7 @@ def test_greedy_matches_ar_in_both_regimes(name):
 
 def test_second_proposal_is_used():
   """Random weights, two proposals: some x1 are rejected and the lane of x2 (argmax p_d2) carries on."""
-  for name in ("tiny_ouro", "tiny_raven_llama"):
+  for name in ("ouro:tiny", "raven_llama:tiny"):
     res = check_default(name, None)
     assert res.stats["commits"]["second"] > 0, (name, res.stats["commits"])
     assert 0 < res.stats["gate_open_rate"] <= 1 and res.stats["gate_evals"] > 0
@@ -171,38 +139,27 @@ def test_second_proposal_is_used():
 def test_minimum_lane_capacity_skips_spawns_and_stays_exact():
   """Huginn runs at lane_capacity = R/d1 + 1, which leaves no room for second-proposal branches: their spawns
   are skipped (a withdrawn second proposal costs speed, never correctness)."""
-  name = "tiny_huginn"
+  name = "huginn:tiny"
   assert FAMILIES[name]["cap"] == tiny_model(name).config.recurrence // FAMILIES[name]["pair"][0] + 1
   res = check_default(name, None)
   assert res.stats["skipped_spawns"] > 0 and res.stats["skipped_second"] > 0, res.stats
 
 
-# Same batch size and bucket as PROMPTS (the same compiled programs), with a one-token prompt.
-EOS_PROMPTS = ((7,), (5, 6, 7, 8, 9, 10, 11), (40, 41, 42, 43, 44))
-
-
-@pytest.mark.parametrize("contraction", [None, FAMILIES["tiny_ouro"]["contraction"]])
+@pytest.mark.parametrize("contraction", [None, FAMILIES["ouro:tiny"]["contraction"]])
 def test_eos_stops_requests_at_different_ticks(contraction):
   """eos is a traced value: requests stop at their own eos while the others go on (their lanes are pruned, the
   rest of the batch keeps ticking), every request's tokens are still AR's, and the cost identity holds for
   requests that stop early."""
-  name = "tiny_ouro"
+  name = "ouro:tiny"
   d1, d2 = FAMILIES[name]["pair"]
-  free = run(name, contraction, "ar", prompts=EOS_PROMPTS)
-  eos = free.tokens[1][4]
-  want = run(name, contraction, "ar", prompts=EOS_PROMPTS, eos_id=eos)
-  for full, cut in zip(free.tokens, want.tokens):
-    assert cut == (full[:full.index(eos) + 1] if eos in full else full)
-  assert len(set(len(t) for t in want.tokens)) > 1, want.tokens  # the requests stop at different times
-  got = run(name, contraction, "loopspec", prompts=EOS_PROMPTS, eos_id=eos, d1=d1, d2=d2)
-  assert got.tokens == want.tokens, got.stats
+  got = helpers.eos_run(name, contraction, "loopspec", d1=d1, d2=d2)
   assert_cost_identity(got, tiny_model(name).config.recurrence, d1, d2)
 
 
 # ---------------------------------------------------------------------------------------------------
 # 2. Cost identity with no rejections: one commit per tick after the R/d1 start-up
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["tiny_huginn", "tiny_raven_olmo"])
+@pytest.mark.parametrize("name", ["huginn:tiny", "raven_olmo:tiny"])
 def test_no_rejection_pipeline_commits_one_token_per_tick(name):
   """contraction=0 makes a Raven core ignore its state, so every depth reads out the same distribution:
   x1 is never rejected. The pipeline then holds R/d1 lanes and commits one token per tick once the first
@@ -239,37 +196,10 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, d1=1, d2=2)
 @functools.lru_cache(maxsize=None)
 def sampling_runs():
   """Four sampling calls of one configuration (tiny Ouro, contractive: accepts, rejections and second
-  proposals all occur) under fresh jits of the LoopSpec programs.
-
-  The jitted `ar.prefill_state`, `loopspec.initial_state` and `loopspec.decode_loop` are swapped (undone on
-  exit) for fresh jits of the same undecorated functions wrapped in `chex.assert_max_traces(n=1)`: the wrapper
-  counts Python executions of the body, which happen only while jax traces, so a retrace raises, and the fresh
-  jits start with empty caches, so `_cache_size()` counts exactly the programs these calls compiled whatever
-  other tests compiled before. The calls differ in prompts, prompt lengths, seed and request ids (all traced
-  values) but share the batch size and the length bucket.
-  """
-  chex.clear_trace_counter()
-  model = tiny_model("tiny_ouro", 0.05)
-  prefill = jax.jit(chex.assert_max_traces(ar.prefill_state.__wrapped__, n=1),
-                    static_argnames=("cfg", "readout_depths", "total_len", "random_init"))
-  init = jax.jit(chex.assert_max_traces(loopspec.initial_state.__wrapped__, n=1),
-                 static_argnames=("cfg", "capacity", "readouts"))
-  decode = jax.jit(chex.assert_max_traces(loopspec.decode_loop.__wrapped__, n=1),
-                   static_argnames=("cfg", "d1", "d2", "greedy", "random_init"), donate_argnames=("state",))
-  gen = lambda prompts, **kw: loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=MAX_NEW,
-                                                    method="loopspec", **SAMPLING, **kw)
-  other = ((9, 8, 7, 6, 5, 4), (30, 31))
-  with mock.patch.object(ar, "prefill_state", prefill), mock.patch.object(loopspec, "initial_state", init), \
-      mock.patch.object(loopspec, "decode_loop", decode):
-    out = {
-        "a": gen(PROMPTS, seed=0),
-        "again": gen(PROMPTS, seed=0),
-        # PROMPTS[0] again, as request id 0, now at batch index 1 among other requests (ids 7 and 9).
-        "moved": gen((other[0], PROMPTS[0], other[1]), seed=0, request_ids=[7, 0, 9]),
-        "seed1": gen(PROMPTS, seed=1),
-    }
-    out["cache_sizes"] = (prefill._cache_size(), init._cache_size(), decode._cache_size())
-  return out
+  proposals all occur) under fresh jits of the LoopSpec programs (see `helpers.sampling_runs`)."""
+  return helpers.sampling_runs(tiny_model("ouro:tiny", 0.05), "loopspec", SAMPLING, [
+      (common, "prefill_state"),
+      (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")])
 
 
 def test_one_trace_per_configuration():
@@ -280,17 +210,12 @@ def test_one_trace_per_configuration():
 
 def test_sampling_is_reproducible_and_batch_independent():
   runs = sampling_runs()
-  a = runs["a"]
-  assert a.tokens == runs["again"].tokens
-  assert runs["moved"].tokens[1] == a.tokens[0]
-  assert runs["seed1"].tokens != a.tokens
+  helpers.assert_seeded_and_batch_independent(runs, 64)
   # Sampling still follows the cost identity, and exercises rejections and second proposals.
   for key in ("a", "moved", "seed1"):
     assert_cost_identity(runs[key], 4, SAMPLING["d1"], SAMPLING["d2"])
   commits = [runs[k].stats["commits"] for k in ("a", "moved", "seed1")]
   assert all(sum(c[k] for c in commits) > 0 for k in ("first", "second", "restart")), commits
-  assert all(len(t) == MAX_NEW for t in a.tokens)
-  assert all(0 <= t < 64 for toks in a.tokens for t in toks)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -312,15 +237,11 @@ def test_sampling_is_reproducible_and_batch_independent():
     (dict(d1=2, d2=4, prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
 ])
 def test_invalid_configurations_rejected_before_compiling(kwargs, match):
-  model = tiny_model("tiny_raven_llama")  # R = 8, V = 64, context 64
+  model = tiny_model("raven_llama:tiny")  # R = 8, V = 64, context 64
   args = dict(prompts=[[1, 2, 3]], max_new_tokens=MAX_NEW, method="loopspec")
   args.update(kwargs)
-  never = mock.Mock(side_effect=AssertionError("validation let a bad request reach a compiled program"))
-  with mock.patch.object(ar, "prefill_state", never), mock.patch.object(loopspec, "initial_state", never), \
-      mock.patch.object(loopspec, "decode_loop", never):
-    with pytest.raises(ValueError, match=match):
-      loopspec_jax.generate(model, **args)
-  never.assert_not_called()
+  helpers.assert_rejected_before_compiling(
+      model, args, match, [(common, "prefill_state"), (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -352,10 +273,7 @@ def test_minimum_lane_capacity_all_families(name):
 def test_hf_fixtures_match_oracle_and_ar(name, pairs):
   """The real-format checkpoints: the oracle's greedy continuation (reference implementation) and AR on a
   batch that adds a shorter prompt."""
-  model = fixture_model(name)
-  with np.load(os.path.join(FIXTURES, name, "oracle.npz")) as f:
-    prompt, oracle = f["input_ids"].tolist(), f["greedy_tokens"].tolist()
-  prompts = [prompt, prompt[3:8]]
+  model, prompts, oracle = helpers.fixture_batch(name)
   want = loopspec_jax.generate(model, prompts, max_new_tokens=len(oracle), method="ar")
   assert want.tokens[0] == oracle
   for d1, d2 in pairs:

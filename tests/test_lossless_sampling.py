@@ -16,23 +16,16 @@ Negative controls show the test has power: the same samples reject the depth-d1 
 distributions, and even a 10% mixture of the draft distribution into the target (TV ~ 0.08).
 """
 import functools
-import importlib
-import os
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
-from scipy import stats
 
-# Let `.venv/bin/pytest` import the package from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from loopspec_jax import api, sampling  # noqa: E402
-from loopspec_jax.config import from_config_dict  # noqa: E402
+import helpers
+from helpers import chi2_pvalue
+from loopspec_jax import api
+from loopspec_jax.decoding import sampling
 
 VOCAB = 8
 PROMPT = [1, 2, 3, 4, 5]
@@ -43,15 +36,12 @@ REGIMES = {"accepted": dict(seed=0, contraction=0.05), "rejected": dict(seed=1, 
 PVALUES = {}  # name -> p-value (printed, for the record)
 
 
-@functools.lru_cache(maxsize=None)
-def config():
-  mod = importlib.import_module("configs.models.tiny_raven_llama")
-  return from_config_dict(mod.get_config()).replace(vocab_size=VOCAB)
-
-
-@functools.lru_cache(maxsize=None)
 def model(regime):
-  return api.from_config(config(), **REGIMES[regime])
+  return helpers.tiny_model("raven_llama:tiny", vocab_size=VOCAB, **REGIMES[regime])
+
+
+def config():
+  return model("accepted").config
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,28 +94,6 @@ def counts_of(tokens, n_tokens):
   counts = np.zeros((VOCAB,) * n_tokens, np.int64)
   np.add.at(counts, tuple(toks.T), 1)
   return counts
-
-
-def chi2_pvalue(counts, probs, check_support=True):
-  """Chi-square p-value of counts vs probs; cells expected below 5 are pooled into one.
-
-  With check_support, a draw of a zero-probability sequence (e.g. outside top-k) fails at once.
-  """
-  counts = np.asarray(counts, np.float64).ravel()
-  probs = np.asarray(probs, np.float64).ravel()
-  if check_support:
-    bad = np.flatnonzero((probs <= 0) & (counts > 0))
-    assert bad.size == 0, f"{counts[bad].sum():.0f} draws of zero-probability sequences (flat cells {bad})"
-  exp = probs / probs.sum() * counts.sum()
-  big = exp >= 5
-  obs, ex = list(counts[big]), list(exp[big])
-  if (~big).any():
-    obs.append(counts[~big].sum())
-    ex.append(exp[~big].sum())
-  obs, ex = np.array(obs), np.array(ex)
-  if ex[-1] == 0:  # pooled cell of zero-probability outcomes only (control without support check)
-    return 0.0 if obs[-1] > 0 else stats.chisquare(obs[:-1], ex[:-1] * obs[:-1].sum() / ex[:-1].sum()).pvalue
-  return float(stats.chisquare(obs, ex).pvalue)
 
 
 # (name, regime, generate kwargs, temperature, top_k, top_p, n_tokens, seed)

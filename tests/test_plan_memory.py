@@ -1,4 +1,4 @@
-"""experiments/plan_memory.py: per-device totals equal the summed eval_shape trees laid out by the rules.
+"""loopspec_jax/experiments/plan_memory.py: per-device totals equal the summed eval_shape trees laid out by the rules.
 
 Everything here is abstract (eval_shape, no allocation), so planning 8 devices runs on one CPU. The same
 totals are compared with real sharded arrays on 8 simulated devices in tests/test_sharding.py.
@@ -12,12 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from experiments import plan_memory  # noqa: E402
-from loopspec_jax import sharding  # noqa: E402
+from loopspec_jax.experiments import plan_memory
+from loopspec_jax.parallel import sharding
 
 GIB = 1024 ** 3
 
@@ -28,21 +24,20 @@ def _bytes(tree):
 
 @pytest.mark.parametrize("method", ["ar", "loopspec"])
 def test_one_device_totals_equal_eval_shape_sizes(method):
-  cfg = plan_memory.model_config("tiny_huginn", "bfloat16", 64)
+  cfg = plan_memory.model_config("huginn:tiny", "bfloat16", 64)
   d1, d2, cap = (2, 4, 6) if method == "loopspec" else (None, None, None)
   row = plan_memory.plan_row(cfg, 3, 64, (1, 1), method, d1=d1, d2=d2, capacity=cap)
   trees = plan_memory.abstract_states(cfg, 3, 64, method, d1, d2, cap)
   for cat, tree in trees.items():
     assert row[cat] == _bytes(tree), cat
   assert row["total"] == sum(_bytes(t) for t in trees.values())
-  # The cache really is [n_slots, B, KV, T, D] of the layout (k and v).
-  from loopspec_jax import model as M
-  n_slots = M.SlotLayout(cfg, 1 if method == "ar" else 3).n_slots
-  assert row["committed_kv"] == 2 * n_slots * 3 * cfg.num_kv_heads * 64 * cfg.head_dim * 2
+  # The committed cache is k and v of [..., B, KV, T, D] blocks (bf16) for every cached layer and step.
+  per_block = 3 * cfg.num_kv_heads * 64 * cfg.head_dim * 2
+  assert row["committed_kv"] % (2 * per_block) == 0 and row["committed_kv"] >= 2 * per_block * cfg.recurrence
 
 
 def test_sharded_totals_divide_by_the_rules():
-  cfg = plan_memory.model_config("ouro_2p6b", "bfloat16", 4096)
+  cfg = plan_memory.model_config("ouro:2p6b", "bfloat16", 4096)
   trees = plan_memory.abstract_states(cfg, 8, 4096, "loopspec", 1, None, 5)
   rows = {m: plan_memory.plan_row(cfg, 8, 4096, m, "loopspec", d1=1, capacity=5) for m in ((1, 1), (1, 8), (2, 4))}
   # KV heads (16) shard over model, requests over data: the caches divide by the device count.
@@ -60,7 +55,7 @@ def test_sharded_totals_divide_by_the_rules():
 
 
 def test_padding_and_fit_flag():
-  cfg = plan_memory.model_config("huginn_0125", "bfloat16", 4096)
+  cfg = plan_memory.model_config("huginn:0125", "bfloat16", 4096)
   one = plan_memory.plan_row(cfg, 1, 4096, (2, 4), "ar")
   two = plan_memory.plan_row(cfg, 2, 4096, (2, 4), "ar")
   assert one["padded_batch"] == 2 and one["total"] == two["total"]
@@ -69,13 +64,16 @@ def test_padding_and_fit_flag():
   assert one["fits"] and not plan_memory.plan_row(cfg, 4, 4096, (2, 4), "ar")["fits"]
 
 
-def test_cli_prints_a_table():
-  out = subprocess.run([sys.executable, "-m", "experiments.plan_memory", "--models=tiny_ouro", "--dtype=float32",
-                        "--context=64", "--meshes=1x8,2x4", "--batches=1,3", "--device_memory_gib=0.00001"],
-                       cwd=_ROOT, capture_output=True, text=True, timeout=300,
+def test_cli_prints_a_table(tmp_path):
+  """The console module runs from any directory with its package default config and --config.* overrides."""
+  out = subprocess.run([sys.executable, "-m", "loopspec_jax.experiments.plan_memory", "--config.models=ouro:tiny",
+                        "--config.dtype=float32", "--config.context=64", "--config.meshes=1x8,2x4",
+                        "--config.batches=1,3", "--config.device_memory_gib=0.00001", "--config.d2=none"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr[-3000:]
-  lines = [l for l in out.stdout.splitlines() if l.startswith("| tiny_ouro")]
+  assert out.stderr.strip() == "", out.stderr[-3000:]  # no library INFO chatter
+  lines = [l for l in out.stdout.splitlines() if l.startswith("| ouro:tiny")]
   assert len(lines) == 2 * 2 * 2  # meshes x methods x batches
   assert all(l.endswith("**NO** |") for l in lines)  # nothing fits in 10 KiB
   assert "| 2x4 | 3 (pad 4) |" in out.stdout

@@ -1,17 +1,13 @@
 """Prompt sets (loopspec_jax/prompts.py): formats, determinism, truncation, exemplar hygiene, data lookup."""
 import json
 import os
-import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
+from helpers import ROOT
+from loopspec_jax import prompts as P
 
-from loopspec_jax import prompts as P  # noqa: E402
-
-DATA = os.path.join(_ROOT, "data")
+DATA = os.path.join(ROOT, "data")
 
 
 def rows(*path):

@@ -1,20 +1,12 @@
 """Tests of logits processing, token sampling and request keys against direct numpy computations."""
-import os
-import sys
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
-# Let `.venv/bin/pytest` import the package from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from loopspec_jax import sampling  # noqa: E402
+from helpers import chi2_pvalue
+from loopspec_jax.decoding import sampling
 
 
 def np_process(logits, temperature, top_k, top_p):
@@ -41,25 +33,6 @@ def np_process(logits, temperature, top_k, top_p):
     pr = np.where(nucleus, pr, 0.0)
     pr = pr / pr.sum()
   return pr
-
-
-def chi2_pvalue(counts, probs):
-  """Chi-square p-value of counts vs probs; zero-probability cells must be empty, small cells are pooled."""
-  counts = np.asarray(counts, np.float64).ravel()
-  probs = np.asarray(probs, np.float64).ravel()
-  assert counts[probs <= 0].sum() == 0, "a zero-probability outcome was drawn"
-  n = counts.sum()
-  exp = probs * n
-  big = exp >= 5
-  obs = list(counts[big])
-  ex = list(exp[big])
-  if (~big).any() and exp[~big].sum() > 0:
-    obs.append(counts[~big].sum())
-    ex.append(exp[~big].sum())
-  obs, ex = np.array(obs), np.array(ex)
-  if len(obs) < 2:
-    return 1.0
-  return stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue
 
 
 SETTINGS = [
@@ -91,6 +64,33 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
     np.testing.assert_allclose(got[row], want, atol=1e-6)
     np.testing.assert_array_equal(got[row] > 0, want > 0)
   np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
+
+
+# Rows with exact ties at, inside and across the top-k / top-p cut: the documented rule keeps the lower index.
+TIED = np.array([
+    [1.0, 2.0, 2.0, 2.0, 0.0, 2.0, -1.0, 2.0],  # five-way tie at the top
+    [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],  # all equal
+    [3.0, 1.0, 1.0, 3.0, 1.0, 1.0, 0.0, 1.0],  # tie of two above a tie of four
+    [0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # one clear top, the rest tied
+], np.float32)
+TIED_SETTINGS = [(1.0, 2, 1.0), (1.0, 3, 1.0), (0.7, 1, 1.0), (1.0, 0, 0.3), (1.0, 0, 0.5), (1.3, 4, 0.45),
+                 (1.0, 5, 0.6)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", TIED_SETTINGS)
+def test_tied_logits_match_numpy_lower_index_wins(temperature, top_k, top_p):
+  got = np.asarray(_process(TIED, np.float32(temperature), np.int32(top_k), np.float32(top_p)))
+  for row in range(TIED.shape[0]):
+    want = np_process(TIED[row], temperature, top_k, top_p)
+    np.testing.assert_array_equal(got[row] > 0, want > 0, err_msg=f"row {row}: support differs on a tie")
+    np.testing.assert_allclose(got[row], want, atol=1e-6)
+
+
+def test_tied_logits_keep_the_lowest_indices():
+  """Spelled out: among equal logits the kept ones are the lowest indices, for top-k and for top-p."""
+  keep = lambda k, p: np.flatnonzero(np.asarray(_process(TIED[:2], np.float32(1.0), np.int32(k), np.float32(p))) > 0)
+  np.testing.assert_array_equal(keep(2, 1.0), [1, 2, 8 + 0, 8 + 1])  # row 0: indices 1, 2; row 1: 0, 1
+  np.testing.assert_array_equal(keep(0, 0.3), [1, 2, 8 + 0, 8 + 1, 8 + 2])  # 0.2 each / 0.125 each
 
 
 def test_process_logits_per_row_settings_and_leading_shape():

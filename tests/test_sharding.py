@@ -62,13 +62,16 @@ def _family_part(family: str, part: str, report: dict):
   import importlib
   import numpy as np
   import jax
-  from loopspec_jax import api, loopspec, sharding
-  from loopspec_jax import autoregressive as ar
+  from loopspec_jax import api
+  from loopspec_jax.decoding import common
+  from loopspec_jax.decoding.loopspec import state as loopspec
+  from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
+  from loopspec_jax.parallel import sharding
   from loopspec_jax.config import from_config_dict
-  from experiments import plan_memory
+  from loopspec_jax.experiments import plan_memory
 
   module, ls_kw, ch_kw, special = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
   model = api.from_config(cfg, 0, contraction=0.05)
   v = cfg.vocab_size
   prompts = [[int(t) for t in (np.arange(n) * m + 3) % v] for n, m in ((5, 7), (11, 13), (3, 5))]  # B=3: padded
@@ -119,14 +122,14 @@ def _family_part(family: str, part: str, report: dict):
 
   # Memory plan vs the real per-device bytes of the LoopSpec state of that run (same shapes: no compile).
   padded, rid, n = sharding.pad_requests(prompts, None, mesh)
-  tp, total = api.buckets([len(p) for p in padded], N_NEW, cfg)
-  prompt_arr, len_arr = api.batch_prompts(padded, tp)
-  sp = api.sampling_params(len(padded), N_NEW, 0.0, 0, 1.0, 0, None, rid)
+  tp, total = common.buckets([len(p) for p in padded], N_NEW, cfg)
+  prompt_arr, len_arr = common.batch_prompts(padded, tp)
+  sp = common.make_sampling_params(len(padded), N_NEW, 0.0, 0, 1.0, 0, None, rid)
   d1, d2 = ls_kw["d1"], ls_kw.get("d2")
   readouts = (d1, d2, cfg.recurrence) if d2 else (d1, cfg.recurrence)
   cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
   traces0 = sum(sharding.TRACES.values())
-  cache, tokens = sharding.entry(ar.prefill_state, mesh)(params, prompt_arr, len_arr, sp, cfg=cfg,
+  cache, tokens = sharding.entry(common.prefill_state, mesh)(params, prompt_arr, len_arr, sp, cfg=cfg,
                                                          readout_depths=readouts, total_len=total, random_init=False)
   st = sharding.entry(loopspec.initial_state, mesh)(cache, tokens, len_arr, sp, cfg=cfg, capacity=cap,
                                                     readouts=readouts)
@@ -212,7 +215,7 @@ def test_parameters_sharded_as_the_rules_say(reports, family):
   from loopspec_jax.config import from_config_dict
   rep = reports[family]
   module, _, _, (data, model) = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
   heads, kv, mlp, vocab = (_expect(cfg.num_heads, model), _expect(cfg.num_kv_heads, model),
                            _expect(cfg.intermediate_size, model), _expect(cfg.vocab_size, model))
@@ -239,14 +242,14 @@ def test_decode_state_sharded_as_the_rules_say(reports, family):
   from loopspec_jax.config import from_config_dict
   rep = reports[family]
   module, _, _, (data, model) = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"configs.models.{module}").get_config())
+  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
   kv = _expect(cfg.num_kv_heads, model)
   vocab = _expect(cfg.vocab_size, model)
   st = rep["state_specs"]
-  pre = st["loopspec_jax.autoregressive.prefill_state"]
+  pre = st["loopspec_jax.decoding.common.prefill_state"]
   assert pre["[0]['k']"] == [None, "data", kv, None, None]  # cache [n_slots, B, KV, T, D]
   assert pre["[1]"] == ["data", None]  # tokens [B, T]
-  dec = st["loopspec_jax.loopspec.decode_loop"]
+  dec = st["loopspec_jax.decoding.loopspec.decoder.decode_loop"]
   assert dec[".cache['k']"] == [None, "data", kv, None, None]
   assert dec[".spec['v']"] == [None, "data", kv, None, None]  # speculative KV [n_slots, B, KV, N, D]
   assert dec[".lanes.q1"] == ["data", None, vocab]
@@ -286,9 +289,9 @@ def test_plan_memory_matches_real_bytes(reports, family):
 # ---------------------------------------------------------------------------------------------------
 def test_logical_spec_fallback_and_whole_heads():
   from jax.sharding import PartitionSpec as P
-  from loopspec_jax import sharding
+  from loopspec_jax.parallel import sharding
   from loopspec_jax.config import from_config_dict
-  from configs.models import huginn_0125
+  from loopspec_jax.configs.models import huginn_0125
   cfg = from_config_dict(huginn_0125.get_config())
   sizes = {"data": 2, "model": 4}
   # 55 heads do not divide over 4 devices: replicated, although 55 * 96 = 5280 would split (mid-head).
@@ -305,7 +308,7 @@ def test_logical_spec_fallback_and_whole_heads():
 def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
   import jax
   from jax.sharding import AxisType
-  from loopspec_jax import sharding
+  from loopspec_jax.parallel import sharding
   mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
   p = sharding.plan(mesh)
   assert all(t == AxisType.Auto for t in p.mesh.axis_types) and p.rules == sharding.RULES
@@ -316,7 +319,8 @@ def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
 
 def test_pad_and_drop_requests():
   import jax
-  from loopspec_jax import api, sharding
+  from loopspec_jax import api
+  from loopspec_jax.parallel import sharding
   p = sharding.plan(sharding.make_mesh((1, 1), devices=jax.devices()[:1]))
   assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
   prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
@@ -329,8 +333,8 @@ def test_pad_and_drop_requests():
 
 
 def test_mesh_configs_build_rules():
-  from configs.mesh import cpu8, v4_8, v5e_8, v5e_16
-  from loopspec_jax import sharding
+  from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
+  from loopspec_jax.parallel import sharding
   assert tuple(v4_8.get_config().mesh_shape) == (2, 2)
   assert tuple(v5e_8.get_config().mesh_shape) == (2, 4)
   assert tuple(v5e_16.get_config().mesh_shape) == (4, 4)

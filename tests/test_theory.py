@@ -1,16 +1,9 @@
 """Tests for loopspec_jax.theory: the cost identity, the power-law fit, and Theorems 1 and 2."""
-import os
-import sys
 
 import numpy as np
 import pytest
 
-# Let `.venv/bin/pytest` import the package from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from loopspec_jax import theory  # noqa: E402
+from loopspec_jax.analysis import theory
 
 
 class TestCostIdentity:

@@ -1,6 +1,5 @@
 """Training: the loss goes down, kill-and-resume is bit-exact (params and data order), export loads back."""
 import os
-import sys
 
 import chex
 import jax
@@ -8,22 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# Let `.venv/bin/pytest` import the package (and configs/) from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-import loopspec_jax  # noqa: E402
-from configs.train import smoke  # noqa: E402
-from loopspec_jax import model as M  # noqa: E402
-from loopspec_jax.train import data as D  # noqa: E402
-from loopspec_jax.train import trainer as T  # noqa: E402
+import loopspec_jax
+from loopspec_jax.configs import models as model_configs
+from loopspec_jax.configs.train import smoke
+from loopspec_jax.models import looped as M
+from loopspec_jax.train import data as D
+from loopspec_jax.train import trainer as T
 
 
 @pytest.fixture(scope="module")
 def corpus():
   c = smoke.get_config()
-  return D.load_corpus(c.data.cache_dir or None, c.data.vocab_size, c.data.stdlib_max_bytes)
+  return D.load_corpus(c.data.cache_dir, c.data.vocab_size, c.data.stdlib_max_bytes)
 
 
 def _config(workdir, **kw):
@@ -63,9 +58,7 @@ def test_sample_depth_distribution():
 
 
 def test_ouro_loss_is_mean_over_depths():
-  from configs.models import tiny_ouro
-  from loopspec_jax.config import from_config_dict
-  cfg = from_config_dict(tiny_ouro.get_config())
+  cfg = model_configs.model_config("ouro:tiny")
   params = M.init_params(cfg, jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, cfg.vocab_size)
   loss, _ = jax.jit(T.ouro_loss, static_argnums=(3, 4))(params, tokens, None, cfg, T.Objective(kind="ouro"))

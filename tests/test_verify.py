@@ -1,49 +1,15 @@
 """Tests of the verification kernels: exact (enumerated) and sampled output distributions, greedy, guards."""
-import os
-import sys
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
-# Let `.venv/bin/pytest` import the package from a bare checkout (no install / conftest needed).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from loopspec_jax import sampling, verify  # noqa: E402
+from helpers import chi2_pvalue, rand_dist
+from loopspec_jax.decoding import sampling, verify
 
 N_SAMPLES = 20000
 KEY0 = jax.random.PRNGKey(0)
-
-
-def chi2_pvalue(counts, probs):
-  """Chi-square p-value of counts vs probs; zero-probability cells must be empty, small cells are pooled."""
-  counts = np.asarray(counts, np.float64).ravel()
-  probs = np.asarray(probs, np.float64).ravel()
-  assert counts[probs <= 1e-12].sum() == 0, "a zero-probability outcome was drawn"
-  exp = probs * counts.sum()
-  big = exp >= 5
-  obs, ex = list(counts[big]), list(exp[big])
-  if (~big).any() and exp[~big].sum() > 0:
-    obs.append(counts[~big].sum())
-    ex.append(exp[~big].sum())
-  obs, ex = np.array(obs), np.array(ex)
-  if len(obs) < 2:
-    return 1.0
-  return stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue
-
-
-def rand_dist(rng, v, kind="dense"):
-  """A random float32 distribution over v tokens (numpy, so no compiles); "sparse" has two zeros."""
-  z = rng.normal(size=v) * 1.5
-  p = np.exp(z - z.max())
-  if kind == "sparse":
-    p[np.argsort(z)[:2]] = 0.0
-  return (p / p.sum()).astype(np.float32)
 
 
 def make_case(seed, v, kind):

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loopspec_jax import layers
-from loopspec_jax import model as M
+from loopspec_jax.models import layers
+from loopspec_jax.models import looped as M
 from loopspec_jax.config import ModelConfig, from_config_dict
 from loopspec_jax.train import data as D
 

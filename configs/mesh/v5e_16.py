@@ -1,9 +1,0 @@
-"""TPU v5e-16 (v5litepod-16): 4 hosts x 4 chips, 16 GiB HBM each; needs `distributed.initialize_from_env()`.
-
-(4, 4): one request group per host-sized slice of 4 chips, model-parallel over 4.
-"""
-from configs.mesh._base import mesh_config
-
-
-def get_config(arg=None):
-  return mesh_config(4, 4, "v5litepod-16", arg)

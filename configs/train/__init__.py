@@ -1,1 +1,0 @@
-"""Training configs (`experiments/train.py --config=configs/train/<name>.py`)."""

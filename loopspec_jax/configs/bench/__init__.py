@@ -1,0 +1,1 @@
+"""Benchmark configs (`loopspec-bench --config=bench/<name>.py[:preset]`)."""

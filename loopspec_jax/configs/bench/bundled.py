@@ -1,0 +1,46 @@
+"""Benchmark of the bundled trained models on the real prompt sets (issue: trained looped models).
+
+  loopspec-bench --config=bench/bundled.py          # (paths relative to loopspec_jax/configs/ work anywhere)
+  loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
+  loopspec-bench --config=bench/bundled.py:two      # the README table: two prompt sets, both samplings
+
+Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
+proposals; greedy and sampling (T=1.0, top_p=0.7); medians of `repeats` interleaved repeats.
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.models = ["tiny-raven", "tiny-ouro"]
+  c.model_label = ""
+  c.contraction = config_dict.placeholder(float)  # 'random:' models only; none: the weights as drawn
+  c.seed = 0
+  c.tasks = ["gsm8k", "math500", "mbpp", "humaneval", "shakespeare"]
+  c.num_prompts = 2
+  c.prompt_len = 32
+  c.max_new_tokens = 64
+  c.repeats = 3
+  c.samplings = ["greedy", "sample"]
+  c.sampling_settings = {"greedy": {"temperature": 0.0},
+                         "sample": {"temperature": 1.0, "top_p": 0.7}}
+  c.methods = ["ar"]  # method specs 'name:arg=value,...' ('none' for an absent depth); the first must be 'ar'
+  c.methods_by_model = {
+      "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2", "loopspec:d1=2,d2=8"],
+      "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1", "loopspec:d1=1,d2=2"],
+  }
+  c.out_dir = "results/bench_bundled"
+  if arg == "two":  # the README table: two prompt sets, both samplings
+    c.tasks = ["gsm8k", "shakespeare"]
+    c.out_dir = "results/bench_bundled_two"
+  if arg == "quick":
+    c.tasks = ["gsm8k", "shakespeare"]
+    c.samplings = ["greedy"]
+    c.num_prompts = 1
+    c.max_new_tokens = 16
+    c.repeats = 1
+    c.out_dir = "results/bench_bundled_quick"
+  if arg not in (None, "", "two", "quick"):
+    raise ValueError(f"unknown preset {arg!r}; known: two, quick")
+  return c

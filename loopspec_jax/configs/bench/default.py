@@ -1,0 +1,34 @@
+"""Benchmark of the decoding methods on a contractive R=32 Raven-style model (issue: LoopSpec decoding).
+
+  loopspec-bench                                  # this config (the default)
+  loopspec-bench --config=bench/default.py:quick  # CI-sized
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.models = ["random:huginn:bench_r32"]  # 'random:<family>:<variant>', bundled model names or checkpoint dirs
+  c.model_label = "bench-raven-r32 (contractive, random)"
+  c.contraction = ml_collections.FieldReference(0.05, field_type=float)  # 'random:' models only; none: as drawn
+  c.seed = 0
+  c.tasks = ["random"]
+  c.num_prompts = 3
+  c.prompt_len = 32
+  c.max_new_tokens = 128
+  c.repeats = 3
+  c.samplings = ["greedy"]
+  c.sampling_settings = {"greedy": {"temperature": 0.0},
+                         "sample": {"temperature": 1.0, "top_p": 0.7}}
+  c.methods = ["ar", "chain:d1=2,gamma=6", "loopspec:d1=2", "loopspec:d1=2,d2=8"]
+  c.methods_by_model = {}
+  c.out_dir = "results/bench"
+  if arg == "quick":
+    c.num_prompts = 1
+    c.max_new_tokens = 16
+    c.repeats = 1
+    c.out_dir = "results/bench_quick"
+  elif arg:
+    raise ValueError(f"unknown preset {arg!r}; known: quick")
+  return c

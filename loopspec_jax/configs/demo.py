@@ -1,0 +1,22 @@
+"""Settings of the demo (`loopspec-demo`, loopspec_jax/experiments/demo.py).
+
+  loopspec-demo                                   # bundled tiny-raven, LoopSpec at its best known (d1, d2)
+  loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro
+  loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --config.max_new_tokens=32
+  loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  if arg:
+    raise ValueError(f"unknown preset {arg!r} (override fields with --config.<field>=<value>)")
+  c = ml_collections.ConfigDict()
+  c.model = "tiny-raven"  # a bundled model name or a checkpoint directory
+  # LoopSpec depths; d1 none: the model family's best known (d1, d2). With d1 given, d2 none is single proposal.
+  c.d1 = config_dict.placeholder(int)
+  c.d2 = config_dict.placeholder(int)
+  c.max_new_tokens = 64
+  c.seed = 0
+  return c

@@ -1,0 +1,28 @@
+"""Settings of the memory planner (`loopspec-plan-memory`, loopspec_jax/experiments/plan_memory.py).
+
+  loopspec-plan-memory
+  loopspec-plan-memory --config.models=huginn:0125 --config.meshes=1x8,2x4 --config.batches=1,8 \
+      --config.device_memory_gib=16 --config.out_dir=results/plan_memory
+Lists are comma-separated strings; `none` is an absent value (`--config.d2=none`).
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  if arg:
+    raise ValueError(f"unknown preset {arg!r} (override fields with --config.<field>=<value>)")
+  c = ml_collections.ConfigDict()
+  c.models = "huginn:0125,ouro:2p6b"  # model config specs '<family>:<variant>' (loopspec_jax.configs.models)
+  c.dtype = "bfloat16"  # parameter / cache dtype
+  c.context = 4096  # context length (cache positions) per request
+  c.meshes = "1x8,2x4"  # mesh shapes DATAxMODEL
+  c.batches = "1,2,4,8"  # requests per batch (padded to the data axis)
+  c.methods = "ar,loopspec"
+  c.d1 = config_dict.placeholder(int)  # LoopSpec draft depth; none: max(1, R // 8)
+  c.d2 = config_dict.placeholder(int)  # LoopSpec second-proposal depth; none: single proposal
+  c.lane_capacity = config_dict.placeholder(int)  # LoopSpec lanes per request; none: the default for d1, d2
+  c.device_memory_gib = 16.0  # memory per device; larger plans are flagged
+  c.mesh_config = config_dict.placeholder(str)  # a configs/mesh module whose rules to use (none: sharding.RULES)
+  c.out_dir = config_dict.placeholder(str)  # write plan_memory.md / .json here (process 0 only); none: print only
+  return c

@@ -1,0 +1,1 @@
+"""Configs of loopspec-measure-depths (depths.py) and loopspec-sweep (default.py)."""

@@ -1,0 +1,162 @@
+"""Classic chain self-speculation: draft gamma tokens from the depth-d1 readout, verify at depth R.
+
+One round: gamma + 1 positions each run `pre` and d1 core steps one after another (drafting x_{j+1} from the
+depth-d1 readout of position j), then all gamma + 1 positions run the remaining depths d1..R in ONE batched
+pass, are read out at R and verified left to right (standard rule plus a bonus token). Drafts are written
+straight into the committed cache; rejected positions are rolled back by length (masked, later overwritten).
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopspec_jax.analysis import theory
+from loopspec_jax.decoding import common
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+from loopspec_jax.decoding import sampling
+from loopspec_jax.decoding import verify
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.parallel.logical import axes_field
+
+
+@flax.struct.dataclass
+class ChainState:
+  cache: kvcache.KVCache  # committed prefix (+ drafts beyond `length`), group=1, readouts (d1, R)
+  tokens: jax.Array = axes_field("batch", "length")  # [B, T]
+  length: jax.Array = axes_field("batch")  # [B]
+  n_new: jax.Array = axes_field("batch")  # [B]
+  done: jax.Array = axes_field("batch")  # [B]
+  rounds: jax.Array = axes_field("batch")  # [B] verify passes per request
+  accepted: jax.Array = axes_field("batch")  # [B] drafts accepted
+  iterations: jax.Array = axes_field()  # [] rounds of the batched loop
+
+
+def validate(cfg: ModelConfig, d1, gamma):
+  r = cfg.recurrence
+  if d1 is None or int(d1) != d1 or not 1 <= d1 < r:
+    raise ValueError(f"chain needs an integer draft depth 1 <= d1 < R={r}, got {d1!r}")
+  if gamma is None or int(gamma) != gamma or gamma < 1:
+    raise ValueError(f"chain needs an integer gamma >= 1, got {gamma!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init"),
+                   donate_argnames=("state",))
+def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: ModelConfig, d1: int, gamma: int,
+                greedy: bool, random_init: bool):
+  r = cfg.recurrence
+  layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
+  params = M.prepare_params(params, cfg)
+  process = functools.partial(sampling.process_logits, greedy=False, temperature=sp.temperature,
+                              top_k=sp.top_k, top_p=sp.top_p)
+  s_len = gamma + 1
+
+  def draft_position(cache, tok, q, mask, one):
+    """pre + d1 core steps + readout at d1 of one position q [B, 1] per request; writes its cache entries."""
+    t = cache.length
+    e, k, v = M.pre(params, tok[:, None], q, one, kvcache.prelude_ctx(cache, mask), cfg)
+    cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))
+    noise = common.state_noise(sp, q, cfg) if random_init else None
+    s = M.initial_state(e, cfg, noise)
+    for i in range(d1):
+      s, k, v = M.core_step(params, s, e, q, one, kvcache.core_ctx(cache, layout, i, mask), cfg)
+      cache = kvcache.write_core(cache, layout, i, k, v, kvcache.ordered(q, s, t))
+    logits, k, v = M.post(params, s, q, one, kvcache.coda_ctx(cache, 0, mask), cfg)
+    return s, e, logits[:, 0], kvcache.write_coda(cache, 0, k, v, kvcache.ordered(q, logits, t))
+
+  def round_(st: ChainState) -> ChainState:
+    b, t = st.tokens.shape
+    bi = jnp.arange(b)
+    p0 = st.length - 1  # first position of the round (its token is committed)
+    one = jnp.ones((b, 1, 1), bool)
+    cache = st.cache
+    states, injections, drafts, qs = [], [], [], []
+    tok = st.tokens[bi, p0]
+    # Drafting: gamma + 1 positions, one at a time, to depth d1.
+    for j in range(s_len):
+      q = (p0 + j)[:, None]
+      mask = jnp.arange(t)[None, None, :] < q[:, :, None]
+      s, e, logits, cache = draft_position(cache, tok, q, mask, one)
+      states.append(s)
+      injections.append(e)
+      if j < gamma:
+        if greedy:
+          tok = sampling.greedy_token(logits)
+        else:
+          probs = process(logits)
+          keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_X1))(
+              sp.request_ids, p0 + j + 1)
+          tok = jax.vmap(sampling.sample_token)(keys, probs)
+          qs.append(probs)
+        drafts.append(tok)
+    # Verification pass: all gamma + 1 positions through depths d1..R at once, read out at R.
+    s = jnp.concatenate(states, axis=1)  # [B, S, E]
+    e = jnp.concatenate(injections, axis=1)
+    pos = p0[:, None] + jnp.arange(s_len)[None, :]
+    mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((s_len, s_len), bool)), (b, s_len, s_len))
+
+    s, cache = kvcache.run_core_steps(params, cache, layout, s, e, pos, causal, mask, d1, r, cfg)
+    logits, k, v = M.post(params, s, pos, causal, kvcache.coda_ctx(cache, 1, mask), cfg)
+    cache = kvcache.write_coda(cache, 1, k, v, kvcache.ordered(pos, logits, t))
+    drafts_arr = jnp.stack(drafts, axis=1)  # [B, G]
+    if greedy:  # accept the longest prefix of drafts that equal the target's argmax, then its next token
+      target = sampling.greedy_token(logits)  # [B, S]
+      match = (drafts_arr == target[:, :gamma]).astype(jnp.int32)
+      n_acc = jnp.sum(jnp.cumprod(match, axis=1), axis=1)
+      nxt = target[bi, n_acc]
+    else:
+      vkeys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_VERIFY))(
+          sp.request_ids, p0 + 1)
+      n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
+    # Commit n_acc drafts and the next token, within the budget and up to the first eos.
+    cand = jnp.concatenate([drafts_arr, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    cand = cand.at[bi, n_acc].set(nxt)
+    live = ~st.done
+    tokens, length, n_new, done, n_commit = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, cand,
+                                                                 n_acc + 1, sp)
+    return ChainState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done,
+                      rounds=st.rounds + live, accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+                      iterations=st.iterations + 1)
+
+  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), round_, state)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
+  del sp, cfg
+  b = tokens.shape[0]
+  zb = jnp.zeros((b,), jnp.int32)
+  return ChainState(cache=cache, tokens=tokens, length=lengths, n_new=zb, done=jnp.zeros((b,), bool),
+                    rounds=zb, accepted=zb, iterations=jnp.int32(0))
+
+
+def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.DecodeStats:
+  r = cfg.recurrence
+  n = int(np.asarray(st.n_new).sum())
+  rounds = int(np.asarray(st.rounds).sum())
+  accepted = int(np.asarray(st.accepted).sum())
+  iters = int(np.asarray(st.iterations))
+  seq_steps = theory.chain_round_steps(r, d1, gamma)
+  return common.DecodeStats(
+      method="chain", batch=int(st.n_new.shape[0]), tokens_generated=n, ticks=iters,
+      core_step_calls=iters * seq_steps, mean_accepted_length=theory.chain_accepted_length(r, d1, gamma, n, rounds),
+      tokens_per_r_steps=n * r / max(rounds * seq_steps, 1),
+      commits={"first": accepted, "second": 0, "restart": n - accepted},
+      extras={"d1": d1, "gamma": gamma, "rounds": rounds, "tokens_per_round": n / max(rounds, 1),
+              "acceptance_rate": accepted / max(rounds * gamma, 1),
+              "per_request": {"rounds": np.asarray(st.rounds).tolist(),
+                              "accepted": np.asarray(st.accepted).tolist()}})
+
+
+def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma) -> common.Decoder:
+  validate(cfg, d1, gamma)
+  d1, gamma = int(d1), int(gamma)
+  return common.Decoder(
+      name="chain", readout_depths=(d1, cfg.recurrence), cache_group=1, extra_positions=gamma + 1, init=initial_state,
+      loop=decode_loop, stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma), init_kw={"cfg": cfg},
+      loop_kw={"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init})

@@ -1,0 +1,249 @@
+"""What every decoder shares: sampling settings, prompt batching and validation, prefill, the host driver.
+
+A decoder (autoregressive, chain, LoopSpec) is described by a `Decoder`: the readout depths its caches
+need, how many cache positions it may write past the budget, and three functions (build the loop state
+from the prefilled cache, run the jitted `lax.while_loop`, turn the final state into `DecodeStats`).
+`run_decoder` is the ONE host driver: prefill, timing, `block_until_ready`, token collection and the stats
+common to every method. Nothing here knows which decoder it drives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import sampling
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import sharding
+from loopspec_jax.parallel.logical import axes_field
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sampling settings and per-(request, position) state noise
+# ---------------------------------------------------------------------------------------------------
+@flax.struct.dataclass
+class SamplingParams:
+  """Traced sampling settings shared by every decoder (greedy is a static flag, not in here)."""
+  temperature: jax.Array = axes_field()  # []
+  top_k: jax.Array = axes_field()  # []
+  top_p: jax.Array = axes_field()  # []
+  base_key: jax.Array = axes_field("key")  # [2] the run's PRNG key
+  request_ids: jax.Array = axes_field("batch")  # [B]
+  eos_id: jax.Array = axes_field()  # [] (-1: none)
+  max_new: jax.Array = axes_field("batch")  # [B]
+
+
+def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None):
+  rid = np.arange(n) if request_ids is None else np.asarray(request_ids)
+  return SamplingParams(
+      temperature=jnp.float32(temperature), top_k=jnp.int32(top_k), top_p=jnp.float32(top_p),
+      base_key=jax.random.PRNGKey(seed), request_ids=jnp.asarray(rid, jnp.int32),
+      eos_id=jnp.int32(-1 if eos_id is None else eos_id),
+      max_new=jnp.full((n,), max_new_tokens, jnp.int32))
+
+
+def state_noise(sp: SamplingParams, positions, cfg: ModelConfig):
+  """Per-(request, position) random initial states [B, S, E] (Raven 'like-init')."""
+  def one(rid, p):
+    key = sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_INIT)
+    return M.random_state_noise(key, (cfg.hidden_size,), cfg)
+  return jax.vmap(lambda rid, ps: jax.vmap(lambda p: one(rid, p))(ps))(sp.request_ids, positions)
+
+
+def prompt_noise(sp: SamplingParams, b: int, t: int, cfg: ModelConfig, random_init: bool):
+  if not random_init:
+    return None
+  return state_noise(sp, jnp.broadcast_to(jnp.arange(t), (b, t)), cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "readout_depths", "total_len", "random_init", "cache_group"))
+def prefill_state(params, prompt, lengths, sp: SamplingParams, *, cfg: ModelConfig, readout_depths: tuple,
+                  total_len: int, random_init: bool, cache_group: int = 1):
+  """Allocates the cache for total_len positions and prefills the prompt [B, Tp] at every depth.
+
+  `cache_group`: recurrent steps per cache block (see models/kvcache.py): 1 for AR and chain, d1 for LoopSpec.
+  """
+  b, tp = prompt.shape
+  layout = kvcache.CacheLayout.of(cfg, len(readout_depths), cache_group)
+  cache = kvcache.empty_cache(cfg, layout, b, total_len)
+  noise = prompt_noise(sp, b, tp, cfg, random_init)
+  cache = kvcache.prefill(params, prompt, lengths, cache, cfg, layout, readout_depths, noise)
+  tokens = jnp.zeros((b, total_len), jnp.int32).at[:, :tp].set(prompt)
+  return cache, tokens
+
+
+def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):
+  """Appends up to S tokens y [B, S] per request (the first n_commit [B]), stopping at eos and the budget.
+
+  Returns (tokens, length, n_new, done, n_committed [B]). Finished requests commit nothing.
+  """
+  b, s = y.shape
+  t = tokens.shape[1]
+  idx = jnp.arange(s)[None, :]
+  n = jnp.minimum(n_commit, sp.max_new - n_new)
+  is_eos = (y == sp.eos_id) & (idx < n[:, None])
+  first_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, s + 1)
+  n = jnp.where(done, 0, jnp.minimum(n, first_eos))
+  write_pos = jnp.where(idx < n[:, None], length[:, None] + idx, t)
+  tokens = tokens.at[jnp.arange(b)[:, None], write_pos].set(y, mode="drop")
+  n_new = n_new + n
+  done = done | ((n_new >= sp.max_new) | (first_eos <= n))
+  return tokens, length + n, n_new, done, n
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation shared by every decoder (runs before anything compiles)
+# ---------------------------------------------------------------------------------------------------
+def validate_prompts(prompts, cfg: ModelConfig, max_new_tokens: int) -> list:
+  if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+    raise ValueError("prompts must be a non-empty list of token-id lists")
+  out = []
+  for i, p in enumerate(prompts):
+    p = [int(t) for t in np.asarray(p).reshape(-1)] if not isinstance(p, list) else list(p)
+    if len(p) == 0:
+      raise ValueError(f"prompt {i} is empty")
+    for t in p:
+      if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
+        raise ValueError(f"prompt {i} has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})")
+    if len(p) + max_new_tokens > cfg.max_len:
+      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
+                       f"context of {cfg.max_len} positions")
+    out.append([int(t) for t in p])
+  return out
+
+
+def validate_sampling(temperature, top_k, top_p, init_state, cfg: ModelConfig):
+  if not temperature >= 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}")
+  if int(top_k) != top_k or top_k < 0:
+    raise ValueError(f"top_k must be a non-negative integer, got {top_k}")
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+  if init_state not in ("zeros", "random"):
+    raise ValueError(f"init_state must be 'zeros' or 'random', got {init_state!r}")
+  if init_state == "random" and not cfg.is_raven:
+    raise ValueError(f"init_state='random' applies to Raven-style models, not {cfg.family!r}")
+
+
+def _round_up(x: int, m: int) -> int:
+  return ((x + m - 1) // m) * m
+
+
+def buckets(lengths, max_new_tokens: int, cfg: ModelConfig):
+  """Static (prompt_len, total_len) buckets so that similar requests share one compiled program."""
+  tp = min(_round_up(max(lengths), 16), cfg.max_len)
+  total = min(_round_up(max(lengths) + max_new_tokens, 32), cfg.max_len)
+  return tp, max(total, tp)
+
+
+def batch_prompts(prompts: list, tp: int):
+  arr = np.zeros((len(prompts), tp), np.int32)
+  for i, p in enumerate(prompts):
+    arr[i, :len(p)] = p
+  return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results and statistics
+# ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class GenerateResult:
+  tokens: list  # new tokens per prompt (list of lists)
+  stats: dict  # DecodeStats.as_dict(): the common fields, then the method's extras
+
+
+@dataclasses.dataclass
+class DecodeStats:
+  """Statistics of one `generate` call; the first fields are the same for every method.
+
+  mean_accepted_length: tokens per full R-step execution, R * tokens / (recurrent steps on the critical
+  path): 1 for AR; the release's cost identity for LoopSpec; R / ((gamma+1) d1 + R - d1) tokens per round
+  for chain. commits: where each committed token's next lane came from (first / second proposal, or a
+  restart at depth 0; AR commits are all restarts, chain's accepted drafts are 'first').
+  """
+  method: str
+  batch: int
+  tokens_generated: int
+  prefill_seconds: float = 0.0
+  decode_seconds: float = 0.0
+  tokens_per_second: float = 0.0
+  ticks: int = 0  # iterations of the decode loop (AR: tokens, chain: rounds, LoopSpec: ticks)
+  core_step_calls: int = 0  # batched core-step calls (each over the whole batch)
+  core_step_calls_per_token: float = 0.0
+  mean_accepted_length: float = 1.0
+  tokens_per_r_steps: float = 1.0  # R * tokens / (iterations * core steps per iteration), per request
+  commits: dict = dataclasses.field(default_factory=lambda: {"first": 0, "second": 0, "restart": 0})
+  gate_open_rate: float = 0.0
+  skipped_spawns: int = 0
+  extras: dict = dataclasses.field(default_factory=dict)  # method-specific fields (d1, gamma, lanes, ...)
+
+  def as_dict(self) -> dict:
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
+    out.update(self.extras)
+    return out
+
+
+def collect_tokens(tokens, lengths0, n_new) -> list:
+  tokens = np.asarray(tokens)
+  n_new = np.asarray(n_new)
+  return [tokens[i, int(lengths0[i]):int(lengths0[i]) + int(n_new[i])].tolist() for i in range(tokens.shape[0])]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The one host driver
+# ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+  """How to run one decoding method (built by each decoder module's `make_decoder`).
+
+  init(cache, tokens, lengths, sp) -> state; loop(params, state, sp) -> state (one jitted while_loop);
+  stats(state) -> DecodeStats (timings are filled in by `run_decoder`). Both init and loop may be
+  entries of `sharding.ENTRY_POINTS` taking their static arguments as keywords (`init_kw`, `loop_kw`).
+  """
+  name: str
+  readout_depths: tuple
+  cache_group: int  # recurrent steps per cache block (models/kvcache.py)
+  extra_positions: int
+  init: Callable
+  loop: Callable
+  stats: Callable
+  init_kw: dict = dataclasses.field(default_factory=dict)
+  loop_kw: dict = dataclasses.field(default_factory=dict)
+
+
+def run_decoder(decoder: Decoder, params, prompt_arr, len_arr, sp: SamplingParams, *, cfg: ModelConfig,
+                total: int, random_init: bool, mesh=None) -> GenerateResult:
+  """Prefill, build the loop state, run the loop, time both phases and collect tokens and stats."""
+  t0 = time.perf_counter()
+  cache, tokens = sharding.entry(prefill_state, mesh)(
+      params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=decoder.readout_depths,
+      total_len=total + decoder.extra_positions, random_init=random_init, cache_group=decoder.cache_group)
+  jax.block_until_ready(cache)
+  t1 = time.perf_counter()
+  state = sharding.entry(decoder.init, mesh)(cache, tokens, len_arr, sp, **decoder.init_kw)
+  out = sharding.entry(decoder.loop, mesh)(params, state, sp, **decoder.loop_kw)
+  jax.block_until_ready(out.tokens)
+  t2 = time.perf_counter()
+  stats = decoder.stats(out)
+  stats.prefill_seconds = t1 - t0
+  stats.decode_seconds = t2 - t1
+  stats.tokens_per_second = stats.tokens_generated / max(t2 - t1, 1e-9)
+  stats.core_step_calls_per_token = stats.core_step_calls * stats.batch / max(stats.tokens_generated, 1)
+  return GenerateResult(collect_tokens(out.tokens, np.asarray(len_arr), out.n_new), stats.as_dict())
+
+
+def method_kwargs_error(method: str, allowed: Sequence[str], given: dict) -> Optional[str]:
+  """The error message for method arguments that `method` does not take (None when all are allowed)."""
+  extra = sorted(k for k, v in given.items() if v is not None and k not in allowed)
+  if not extra:
+    return None
+  return f"method={method!r} takes no {'/'.join(extra)}"
+

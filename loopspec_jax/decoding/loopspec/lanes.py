@@ -1,0 +1,123 @@
+"""How lanes see and change the KV stores, and how new lanes are placed: pure functions over arrays.
+
+Group order: inside a tick the lanes are processed in **group order** (row g * W + w holds the lane of
+stage `stage_of_group(t, G)[g]`, row w, at depth g * d1), so that queries line up with the [G, ...] leading
+axis of a cache block and every attention read is a dense batched dot over a whole buffer. The row
+permutation is an involution (applying it twice gives the identity), so the same gather maps stage order to
+group order and back.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.models import kvcache
+from loopspec_jax.models.layers import NEG_INF
+
+
+def stage_of_group(t, n_groups: int):
+  """[G] int32: the stage whose lanes are at depth group g during tick t (lanes spawned at tick t' live in
+  stage t' mod G and are in group t - 1 - t' during tick t)."""
+  return ((t - 1 - jnp.arange(n_groups)) % n_groups).astype(jnp.int32)
+
+
+def group_rows(t, n_groups: int, width: int):
+  """[N] int32: the stable lane id at each group-order row (an involution on 0..N-1)."""
+  stages = stage_of_group(t, n_groups)
+  return (stages[:, None] * width + jnp.arange(width)[None, :]).reshape(-1)
+
+
+def grouped_attend(prefix, spec, prefix_mask, anc_rows, cfg: ModelConfig):
+  """Attention of lanes in group order over one cache block, their ancestors' entries and themselves.
+
+  prefix: (k, v) [G, B, KV, T, D], block g read by the W query rows of group g; spec: (k, v) [G, B, KV, N, D]
+  (entries by stable lane id); prefix_mask [B, T]; anc_rows [B, G*W, N] (query row -> ancestor ids).
+  Returns attend(q [B, G*W, H, D], k, v [B, G*W, KV, D]) -> [B, G*W, H*D]. The queries are transposed (they
+  are small) so that both big operands are read in place by canonical batched dots (batch dims G, B, KV).
+  """
+  pk, pv = prefix
+  sk, sv = spec
+  g, _, kvh, t, d = pk.shape
+  scale = 1.0 / math.sqrt(d)
+
+  def attend(q, k, v):
+    b, s, h, _ = q.shape
+    w, hg = s // g, h // kvh
+    qq = q.reshape(b, g, w, kvh, hg, d).transpose(1, 0, 3, 2, 4, 5).reshape(g, b, kvh, w * hg, d)
+    sc_p = jnp.einsum("gbkqd,gbktd->gbkqt", qq, pk, preferred_element_type=jnp.float32) * scale
+    sc_p = jnp.where(prefix_mask[None, :, None, None, :], sc_p, NEG_INF)
+    sc_s = jnp.einsum("gbkqd,gbknd->gbkqn", qq, sk, preferred_element_type=jnp.float32) * scale
+    mask_s = anc_rows.reshape(b, g, w, 1, 1, -1).transpose(1, 0, 3, 2, 4, 5)  # [G, B, 1, W, 1, N]
+    sc_s = jnp.where(mask_s, sc_s.reshape(g, b, kvh, w, hg, -1), NEG_INF).reshape(g, b, kvh, w * hg, -1)
+    kk = k.reshape(b, g, w, kvh, 1, d).transpose(1, 0, 3, 2, 4, 5).astype(jnp.float32)  # [G, B, KV, W, 1, D]
+    qf = qq.reshape(g, b, kvh, w, hg, d).astype(jnp.float32)
+    sc_o = (jnp.sum(qf * kk, axis=-1) * scale).reshape(g, b, kvh, w * hg, 1)  # each lane sees itself
+    probs = jax.nn.softmax(jnp.concatenate([sc_p, sc_s, sc_o], axis=-1), axis=-1)
+    n = sk.shape[3]
+    out = jnp.einsum("gbkqt,gbktd->gbkqd", probs[..., :t].astype(pv.dtype), pv, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("gbkqn,gbknd->gbkqd", probs[..., t:t + n].astype(sv.dtype), sv,
+                           preferred_element_type=jnp.float32)
+    vv = v.reshape(b, g, w, kvh, 1, d).transpose(1, 0, 3, 2, 4, 5).astype(jnp.float32)
+    out = out + (probs[..., t + n:].reshape(g, b, kvh, w, hg, 1) * vv).reshape(g, b, kvh, w * hg, d)
+    out = out.reshape(g, b, kvh, w, hg, d).transpose(1, 0, 3, 2, 4, 5).reshape(b, s, h * d)
+    return out.astype(q.dtype)
+
+  return attend
+
+
+def write_rows(pairs, idx: int, lead, ids, k, v):
+  """Stores rows' new entries k/v [B, S, KV, D] under stable ids [S] in buffer `idx` of a SpecKV field.
+
+  lead: None (buffer [B, KV, N, D]) or per-row leading indices [S] (buffer [G or nR, B, KV, N, D]).
+  One in-place scatter per buffer; rows of dead lanes write to their own (dead) ids, which nothing reads.
+  """
+  pairs = list(pairs)
+  out = []
+  for buf, x in zip(pairs[idx], (k, v)):
+    x = x.astype(buf.dtype)
+    if lead is None:
+      out.append(buf.at[:, :, ids].set(x.transpose(0, 2, 1, 3), mode="drop"))  # [B, KV, S, D]
+    else:
+      out.append(buf.at[lead, :, :, ids].set(x.transpose(1, 0, 2, 3), mode="drop"))  # [S, B, KV, D]
+  pairs[idx] = tuple(out)
+  return tuple(pairs)
+
+
+def commit_entries(cache: kvcache.KVCache, spec, root, pos) -> kvcache.KVCache:
+  """Moves lane `root` [B]'s speculative entries (every block, layer and readout) into the committed prefix
+  at positions pos [B] (pos = T drops the write: no root this tick). One scatter per buffer, in place."""
+  b = root.shape[0]
+  bi = jnp.arange(b)
+
+  def move(dst_pairs, src_pairs, lead: bool):
+    out = []
+    for dst, src in zip(dst_pairs, src_pairs):
+      if lead:  # [L, B, KV, T, D] <- [L, B, KV, N, D] at (b, root[b]) -> (b, pos[b]); advanced dims lead
+        out.append(tuple(d.at[:, bi, :, pos].set(s[:, bi, :, root], mode="drop") for d, s in zip(dst, src)))
+      else:
+        out.append(tuple(d.at[bi, :, pos].set(s[bi, :, root], mode="drop") for d, s in zip(dst, src)))
+    return tuple(out)
+
+  return cache.replace(prelude=move(cache.prelude, spec.prelude, False), core=move(cache.core, spec.core, True),
+                       coda=move(cache.coda, spec.coda, True))
+
+
+def allocate_lanes(want1, want2):
+  """Ranked placement of spawn requests into the W free rows of the new stage.
+
+  want1, want2 [B, W] bool: first-proposal children requested by the W lanes at depth d1 and gated second
+  proposals requested by the W lanes at depth d2. First proposals are served before second ones, each in row
+  order, into rows 0..W-1. Returns (assigned [B, W] bool: the row gets a child, src [B, W] int32 in 0..2W-1:
+  which request (first proposals 0..W-1, second W..2W-1), granted1 [B, W], granted2 [B, W]).
+  """
+  w = want1.shape[1]
+  req = jnp.concatenate([want1, want2], axis=1)  # [B, 2W] in priority order
+  rank = jnp.cumsum(req, axis=1) - 1
+  granted = req & (rank < w)
+  match = granted[:, :, None] & (rank[:, :, None] == jnp.arange(w)[None, None, :])  # [B, 2W, W]
+  assigned = jnp.any(match, axis=1)
+  src = jnp.argmax(match, axis=1).astype(jnp.int32)
+  return assigned, src, granted[:, :w], granted[:, w:]

@@ -1,0 +1,176 @@
+"""LoopSpec's decode state: the lane table (the branch tree as arrays), speculative KV, counters.
+
+Lanes live in a table of G = R / d1 **stages** of W lanes each (N = G * W lanes per request). A lane spawned
+at tick t goes to stage t mod G and advances d1 recurrent steps per tick, so all lanes of a stage share their
+depth for life; at tick t the stage at depth g * d1 is `lanes.stage_of_group(t, G)[g]`. A lane's stable id is
+stage * W + w: its speculative KV entries, ancestry bits and proposals are stored under that id until it
+dies. Every lane of a stage reads the same committed-prefix slot, which is what lets a tick read the cache
+with dense batched dots instead of per-lane gathers (see `lanes.grouped_attend`).
+
+Logical axes are declared on every field (`parallel.logical.axes_field`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import common
+from loopspec_jax.models import kvcache
+from loopspec_jax.parallel.logical import axes_field
+
+PROP_RESTART, PROP_FIRST, PROP_SECOND = 0, 1, 2  # how a lane's token was proposed (also a commit's source)
+LANE = ("batch", "lanes")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineShape:
+  """Static shape of the pipeline: R, d1, optional d2, and W lanes per stage."""
+  recurrence: int
+  d1: int
+  d2: Optional[int]
+  width: int
+
+  @property
+  def n_groups(self) -> int:  # G: stages (= depth groups) per request
+    return self.recurrence // self.d1
+
+  @property
+  def n_lanes(self) -> int:  # N = G * W
+    return self.n_groups * self.width
+
+  @property
+  def readouts(self) -> tuple:  # depths with a readout (and a coda cache): d1, (d2,) R
+    return (self.d1, self.recurrence) if self.d2 is None else (self.d1, self.d2, self.recurrence)
+
+  @property
+  def endpoint_groups(self) -> tuple:  # depth group of each readout after a tick's advance
+    return tuple(r // self.d1 - 1 for r in self.readouts)
+
+
+@flax.struct.dataclass
+class LaneTable:
+  """Per request (leading axis B), N lanes by stable id (stage * W + w)."""
+  alive: jax.Array = axes_field(*LANE)  # [B, N] bool
+  pos: jax.Array = axes_field(*LANE)  # [B, N] position of the lane's input token
+  token: jax.Array = axes_field(*LANE)  # [B, N] input token
+  parent: jax.Array = axes_field(*LANE)  # [B, N] parent lane id (-1: none)
+  prop: jax.Array = axes_field(*LANE)  # [B, N] PROP_* of the token
+  anc: jax.Array = axes_field("batch", "lanes", None)  # [B, N, N] anc[b, n, m]: m is a live strict ancestor of n
+  s: jax.Array = axes_field("batch", "lanes", "embed")  # [B, N, E] recurrent state
+  e: jax.Array = axes_field("batch", "lanes", "embed")  # [B, N, E] input injection (Ouro: the embedding)
+  x1: jax.Array = axes_field(*LANE)  # [B, N] first proposal drafted at d1
+  x2: jax.Array = axes_field(*LANE)  # [B, N] second proposal drafted at d2
+  gate: jax.Array = axes_field(*LANE)  # [B, N] bool: the second proposal exists (and has a lane)
+  q1: jax.Array = axes_field("batch", "lanes", "vocab")  # [B, N, V] (sampling) or [B, N, 0] (greedy)
+  q2: jax.Array = axes_field("batch", "lanes", "vocab")  # [B, N, V] or [B, N, 0]
+
+
+@flax.struct.dataclass
+class SpecKV:
+  """Speculative keys/values of the lanes by stable id, laid out like `kvcache.KVCache` with N for T."""
+  prelude: tuple = axes_field("batch", "kv_heads", "lanes", "head_dim")  # n_prelude x (k, v) [B, KV, N, D]
+  core: tuple = axes_field("groups", "batch", "kv_heads", "lanes", "head_dim")  # (d1 n_core) x [G, B, KV, N, D]
+  coda: tuple = axes_field("readouts", "batch", "kv_heads", "lanes", "head_dim")  # n_coda x [nR, B, KV, N, D]
+
+
+@flax.struct.dataclass
+class LoopSpecStats:
+  """Per-request counters, [B] each."""
+  ticks: jax.Array = axes_field("batch")
+  first: jax.Array = axes_field("batch")  # commits whose next lane is the first-proposal child
+  second: jax.Array = axes_field("batch")  # ... the second-proposal child
+  restart: jax.Array = axes_field("batch")  # ... a restarted lane
+  last_source: jax.Array = axes_field("batch")  # PROP_* source of the last commit
+  reject_first: jax.Array = axes_field("batch")  # verifications that rejected x1
+  gate_evals: jax.Array = axes_field("batch")
+  gate_opens: jax.Array = axes_field("batch")
+  skipped_first: jax.Array = axes_field("batch")
+  skipped_second: jax.Array = axes_field("batch")
+  live_sum: jax.Array = axes_field("batch")
+  live_max: jax.Array = axes_field("batch")
+
+
+@flax.struct.dataclass
+class LoopSpecState:
+  cache: kvcache.KVCache  # committed prefix, laid out with group = d1
+  spec: SpecKV
+  lanes: LaneTable
+  stats: LoopSpecStats
+  tokens: jax.Array = axes_field("batch", "length")  # [B, T]
+  length: jax.Array = axes_field("batch")  # [B] committed tokens; the prefix holds positions < length - 1
+  n_new: jax.Array = axes_field("batch")  # [B]
+  done: jax.Array = axes_field("batch")  # [B]
+  limit: jax.Array = axes_field("batch")  # [B] last position a lane may be spawned at (exclusive)
+  iterations: jax.Array = axes_field()  # [] ticks of the batched loop (the stage clock)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation, capacity, construction
+# ---------------------------------------------------------------------------------------------------
+def validate(cfg: ModelConfig, d1, d2, capacity):
+  r = cfg.recurrence
+  if d1 is None or int(d1) != d1 or d1 < 1:
+    raise ValueError(f"LoopSpec needs an integer d1 >= 1, got {d1!r}")
+  if r % d1:
+    raise ValueError(f"d1={d1} must divide the recurrence R={r}")
+  if d1 >= r:
+    raise ValueError(f"d1={d1} must be smaller than R={r}")
+  if d2 is not None:
+    if int(d2) != d2 or not d1 < d2 < r:
+      raise ValueError(f"d2={d2} must satisfy d1 < d2 < R (d1={d1}, R={r})")
+    if d2 % d1:
+      raise ValueError(f"d1={d1} must divide d2={d2}")
+  need = r // d1
+  if capacity is not None and (int(capacity) != capacity or capacity < need):
+    raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
+
+
+def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> int:
+  """Lanes per stage W: capacity / (R/d1) rounded up; default 1 (single proposal) or 2 (room for a branch)."""
+  if capacity is None:
+    return 1 if d2 is None else 2
+  return math.ceil(capacity / (r // d1))
+
+
+def default_capacity(r: int, d1: int, d2: Optional[int]) -> int:
+  """Lanes per request by default: R/d1 stages of `stage_width` lanes."""
+  return (r // d1) * stage_width(r, d1, d2, None)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy"))
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape,
+                  greedy: bool) -> LoopSpecState:
+  """One root lane per request carrying the last prompt token from depth 0 (in the stage of group 0 at
+  tick 0); empty speculative stores; q1/q2 of width V only when sampling."""
+  b = tokens.shape[0]
+  n, g = shape.n_lanes, shape.n_groups
+  dt = jnp.dtype(cfg.dtype)
+  zeros_i = jnp.zeros((b, n), jnp.int32)
+  root = (g - 1) * shape.width  # stage_of_group(0, G)[0] = G - 1, row 0
+  bi = jnp.arange(b)
+  v = 0 if greedy else cfg.vocab_size
+  lanes = LaneTable(
+      alive=jnp.zeros((b, n), bool).at[:, root].set(True), pos=zeros_i.at[:, root].set(lengths - 1),
+      token=zeros_i.at[:, root].set(tokens[bi, lengths - 1]), parent=zeros_i - 1, prop=zeros_i,
+      anc=jnp.zeros((b, n, n), bool), s=jnp.zeros((b, n, cfg.hidden_size), dt),
+      e=jnp.zeros((b, n, cfg.hidden_size), dt), x1=zeros_i - 1, x2=zeros_i - 1, gate=jnp.zeros((b, n), bool),
+      q1=jnp.zeros((b, n, v), jnp.float32), q2=jnp.zeros((b, n, v), jnp.float32))
+  layout = kvcache.CacheLayout.of(cfg, len(shape.readouts), shape.d1)
+  kv = (b, cfg.num_kv_heads, n, cfg.head_dim)
+  pair = lambda lead: (jnp.zeros(lead + kv, dt), jnp.zeros(lead + kv, dt))
+  spec = SpecKV(prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
+                core=tuple(pair((g,)) for _ in range(shape.d1 * layout.n_core)),
+                coda=tuple(pair((len(shape.readouts),)) for _ in range(layout.n_coda)))
+  zb = jnp.zeros((b,), jnp.int32)
+  stats = LoopSpecStats(ticks=zb, first=zb, second=zb, restart=zb, last_source=zb, reject_first=zb,
+                        gate_evals=zb, gate_opens=zb, skipped_first=zb, skipped_second=zb, live_sum=zb,
+                        live_max=zb)
+  return LoopSpecState(cache=cache, spec=spec, lanes=lanes, stats=stats, tokens=tokens, length=lengths, n_new=zb,
+                       done=jnp.zeros((b,), bool), limit=lengths + sp.max_new - 1, iterations=jnp.int32(0))

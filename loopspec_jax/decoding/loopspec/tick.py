@@ -1,0 +1,295 @@
+"""One LoopSpec tick as a composition of pure phases (the body of the decode `lax.while_loop`).
+
+  advance    pre for the lanes at depth 0, d1 core steps over every lane, post (coda + LM head) on the
+             lanes at an endpoint depth (d1, d2, R) only; speculative KV written under stable lane ids
+  verify     the root (the one lane at depth R) against its first / second proposal (cascade)
+  commit     the root's entries move into the committed prefix; the verified token is appended
+  prune      keep only the kept child's subtree
+  draft      x1 at d1, the gated residual x2 at d2 (greedy: argmax, no keys and no distributions)
+  spawn      children into the new stage's rows (`lanes.allocate_lanes`), or a restart at depth 0
+  count      per-request counters
+
+Shapes: B requests, G = R / d1 stages of W lanes (N = G * W), E hidden, V vocabulary, T cache positions.
+Random draws use per-(request, position, purpose) keys (`sampling.request_key`), so outputs do not depend
+on batch layout or scheduling.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding import sampling
+from loopspec_jax.decoding import verify
+from loopspec_jax.decoding.loopspec import lanes as L
+from loopspec_jax.decoding.loopspec.state import (LaneTable, LoopSpecState, LoopSpecStats, PipelineShape,
+                                                  PROP_FIRST, PROP_RESTART, PROP_SECOND)
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+
+
+class Advanced(NamedTuple):
+  """What `advance` returns: states in stage order, endpoint logits in readout order, the new KV stores."""
+  s: jax.Array  # [B, N, E]
+  e: jax.Array  # [B, N, E]
+  logits: jax.Array  # [B, nR * W, V] float32: rows of readout r at r * W .. r * W + W - 1
+  spec: object  # SpecKV
+
+
+class Verified(NamedTuple):
+  has_root: jax.Array  # [B] bool
+  root: jax.Array  # [B] stable id of the root
+  y: jax.Array  # [B] committed token
+  stage: jax.Array  # [B] 1: x1 accepted, 2: x2 accepted, 0: neither (residual / argmax)
+
+
+class Drafts(NamedTuple):
+  x1: jax.Array  # [B, W] proposals of the lanes at d1 (group 0)
+  gate: jax.Array  # [B, W] open gates of the lanes at d2 (all False without d2)
+  x2: jax.Array  # [B, W]
+
+
+def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape,
+            random_init: bool) -> Advanced:
+  """Moves every lane d1 recurrent steps deeper: pre (group 0), d1 core steps (all N rows), post (endpoints).
+
+  Rows are in group order (`lanes.group_rows`); prefix reads are whole-buffer batched dots.
+  """
+  ln, spec, cache = st.lanes, st.spec, st.cache
+  g, w = shape.n_groups, shape.width
+  b, n = ln.alive.shape
+  rows = L.group_rows(st.iterations, g, w)  # [N] stable id of each group-order row
+  t = cache.length
+  prefix_mask = jnp.arange(t)[None, :] < (st.length - 1)[:, None]  # [B, T]
+  anc = ln.anc[:, rows]  # [B, N rows, N ids]
+  pos = ln.pos[:, rows]
+  # pre: the W lanes of group 0 are exactly the lanes at depth 0.
+  fresh = rows[:w]
+  self_w = jnp.broadcast_to(jnp.eye(w, dtype=bool), (b, w, w))
+  pmask = jnp.broadcast_to(prefix_mask[:, None, :], (b, w, t))
+  pre_ctx = lambda l: [(*cache.prelude[l], pmask), (*spec.prelude[l], anc[:, :w])]
+  e0, k, v = M.pre(params, ln.token[:, fresh], pos[:, :w], self_w, pre_ctx, cfg)
+  prelude = spec.prelude
+  for l in range(k.shape[0]):
+    prelude = L.write_rows(prelude, l, None, kvcache.ordered(fresh, e0, n), k[l], v[l])
+  noise = common.state_noise(sp, pos[:, :w], cfg) if random_init else None
+  s0 = M.initial_state(e0, cfg, noise)
+  s = ln.s[:, rows].at[:, :w].set(s0.astype(ln.s.dtype))
+  e = ln.e[:, rows].at[:, :w].set(e0.astype(ln.e.dtype))
+  # d1 core steps over all lanes: sub-step j of group g is recurrent step g * d1 + j.
+  core = spec.core
+  row_group = jnp.arange(n) // w
+  for j in range(shape.d1):
+    ctx = lambda l: L.grouped_attend(cache.core[j * cfg.n_core + l], core[j * cfg.n_core + l], prefix_mask, anc,
+                                     cfg)
+    s, k, v = M.core_step(params, s, e, pos, None, ctx, cfg)
+    for l in range(k.shape[0]):
+      core = L.write_rows(core, j * cfg.n_core + l, row_group, kvcache.ordered(rows, s, n), k[l], v[l])
+  # post on the endpoint rows only, each readout reading its own coda cache.
+  ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(w)], jnp.int32)
+  n_r = len(shape.readouts)
+  post_ctx = lambda l: L.grouped_attend(cache.coda[l], spec.coda[l], prefix_mask, anc[:, ends], cfg)
+  logits, k, v = M.post(params, s[:, ends], pos[:, ends], None, post_ctx, cfg)
+  coda = spec.coda
+  readout_of_row = jnp.repeat(jnp.arange(n_r, dtype=jnp.int32), w)
+  for l in range(k.shape[0]):
+    coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), k[l], v[l])
+  back = rows  # the row permutation is an involution: the same gather returns to stage order
+  return Advanced(s=s[:, back], e=e[:, back], logits=logits,
+                  spec=spec.replace(prelude=prelude, core=core, coda=coda))
+
+
+def distributions(logits, sp: common.SamplingParams):
+  """The shared logits processing (temperature, top-k, top-p) of sampled decoding, [..., V] float32."""
+  return sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k,
+                                 top_p=sp.top_p)
+
+
+def lane_keys(sp: common.SamplingParams, pos, purpose):
+  """Keys [B, S, 2] for the draws of lanes at positions pos [B, S] (the drawn token is at pos + 1)."""
+  f = lambda rid, p: sampling.request_key(sp.base_key, rid, p + 1, purpose)
+  return jax.vmap(lambda rid, ps: jax.vmap(lambda p: f(rid, p))(ps))(sp.request_ids, pos)
+
+
+def verify_root(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: PipelineShape,
+                greedy: bool) -> Verified:
+  """Cascade verification of the root, the one live lane at depth R (group G - 1)."""
+  ln = st.lanes
+  g, w = shape.n_groups, shape.width
+  b = ln.alive.shape[0]
+  bi = jnp.arange(b)
+  last = L.group_rows(st.iterations, g, w)[(g - 1) * w:]  # [W] ids of the lanes at depth R
+  at_r = ln.alive[:, last] & ~st.done[:, None]
+  has_root = jnp.any(at_r, axis=1)
+  root_w = jnp.argmax(at_r, axis=1)
+  root = last[root_w]
+  logits = adv.logits[bi, (len(shape.readouts) - 1) * w + root_w]  # [B, V]
+  x1, x2, gate = ln.x1[bi, root], ln.x2[bi, root], ln.gate[bi, root]
+  if greedy:  # the cascade on one-hot distributions: argmax matching
+    y = sampling.greedy_token(logits)
+    stage = jnp.where(y == x1, 1, jnp.where(gate & (y == x2), 2, 0))
+  else:
+    keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p + 1, sampling.PURPOSE_VERIFY))(
+        sp.request_ids, ln.pos[bi, root])
+    y, stage = jax.vmap(verify.verify_cascade)(keys, distributions(logits, sp), x1, ln.q1[bi, root], gate, x2,
+                                               ln.q2[bi, root])
+  return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32))
+
+
+def commit(st: LoopSpecState, spec, ver: Verified, sp: common.SamplingParams):
+  """The root's entries into the prefix at its position; y appended. Returns (cache, tokens, length, n_new,
+  done); requests without a root this tick are unchanged."""
+  b, t = st.tokens.shape
+  bi = jnp.arange(b)
+  root_pos = st.lanes.pos[bi, ver.root]
+  # The commit index depends on y, i.e. on every read of this tick: the writes are ordered after them.
+  cache = L.commit_entries(st.cache, spec, ver.root, jnp.where(ver.has_root & (ver.y >= 0), root_pos, t))
+  n_commit = ver.has_root.astype(jnp.int32)
+  tokens, length, n_new, done, _ = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, ver.y[:, None],
+                                                        n_commit, sp)
+  return cache, tokens, length, n_new, done
+
+
+def prune(ln: LaneTable, ver: Verified, done):
+  """Which lanes survive: with a root, only the kept child's subtree; finished requests keep nothing.
+  Returns (survive [B, N], kept_found [B])."""
+  b, n = ln.alive.shape
+  bi = jnp.arange(b)
+  want = jnp.where(ver.stage == 1, PROP_FIRST, jnp.where(ver.stage == 2, PROP_SECOND, -1))
+  is_child = (ln.alive & (ln.parent == ver.root[:, None]) & (ln.prop == want[:, None])
+              & (ln.token == ver.y[:, None]))
+  kept_found = jnp.any(is_child, axis=1) & ver.has_root
+  kept = jnp.argmax(is_child, axis=1)
+  subtree = (jnp.arange(n)[None, :] == kept[:, None]) | ln.anc[bi, :, kept]
+  survive = jnp.where(ver.has_root[:, None], subtree & kept_found[:, None], ln.alive) & ~done[:, None]
+  return survive, kept_found
+
+
+def draft(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: PipelineShape, greedy: bool):
+  """x1 for the lanes now at d1 (group 0) and the gated second proposal for those at d2; stored under the
+  lanes' ids. Returns (lanes with x1/q1/x2/q2/gate updated, Drafts of the two groups)."""
+  ln = st.lanes
+  w = shape.width
+  rows = L.group_rows(st.iterations, shape.n_groups, w)
+  ids1 = rows[:w]
+  lg1 = adv.logits[:, :w]
+  if greedy:
+    x1 = sampling.greedy_token(lg1)
+    ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1))
+  else:
+    q1 = distributions(lg1, sp)
+    x1 = jax.vmap(jax.vmap(sampling.sample_token))(lane_keys(sp, ln.pos[:, ids1], sampling.PURPOSE_X1), q1)
+    ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, ids1].set(q1))
+  if shape.d2 is None:
+    return ln, Drafts(x1=x1, gate=jnp.zeros_like(x1, bool), x2=x1)
+  ids2 = rows[shape.endpoint_groups[1] * w:][:w]
+  lg2 = adv.logits[:, w:2 * w]
+  if greedy:
+    x2 = sampling.greedy_token(lg2)
+    gate = x2 != ln.x1[:, ids2]
+    ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), gate=ln.gate.at[:, ids2].set(gate))
+  else:
+    keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
+    gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, ln.q1[:, ids2], ln.x1[:, ids2],
+                                                              distributions(lg2, sp))
+    ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), q2=ln.q2.at[:, ids2].set(q2), gate=ln.gate.at[:, ids2].set(gate))
+  return ln, Drafts(x1=x1, gate=gate, x2=x2)
+
+
+def spawn(st: LoopSpecState, ln: LaneTable, survive, kept_found, ver: Verified, dr: Drafts, length_before,
+          done, shape: PipelineShape):
+  """New lanes into the new stage (the rows the root's stage frees): children of surviving proposers, first
+  proposals first; or, when no child was kept, a restart carrying y from depth 0. Returns (lanes,
+  skipped_first, skipped_second, gate_evals, gate_opens)."""
+  g, w = shape.n_groups, shape.width
+  b, n = survive.shape
+  bi = jnp.arange(b)[:, None]
+  rows = L.group_rows(st.iterations, g, w)
+  ids1 = rows[:w]
+  ids2 = rows[shape.endpoint_groups[1] * w:][:w] if shape.d2 is not None else ids1
+  new_ids = rows[(g - 1) * w:]  # the root's stage: free after this tick's verification
+  ok = lambda ids: survive[:, ids] & (ln.pos[:, ids] + 1 < st.limit[:, None])
+  want1 = ok(ids1)
+  want2 = ok(ids2) & dr.gate if shape.d2 is not None else jnp.zeros_like(want1)
+  assigned, src, granted1, granted2 = L.allocate_lanes(want1, want2)
+  from_second = src >= w
+  parent = jnp.where(from_second, ids2[src % w], ids1[src % w])  # [B, W]
+  child_tok = jnp.where(from_second, dr.x2[bi, src % w], dr.x1[bi, src % w])
+  restart = ver.has_root & ~kept_found & ~done
+  rs = restart[:, None] & (jnp.arange(w)[None, :] == 0)
+  new = assigned | rs
+  anc = ln.anc & survive[:, :, None] & survive[:, None, :]
+  par_anc = anc[bi, parent] | (jnp.arange(n)[None, None, :] == parent[..., None])  # [B, W, N]
+  anc = anc.at[:, new_ids].set(jnp.where(assigned[..., None], par_anc, False))
+  put = lambda old, val: old.at[:, new_ids].set(jnp.where(new, val, old[:, new_ids]))
+  gate = ln.gate.at[:, ids2].set(ln.gate[:, ids2] & (granted2 | ~want2)) if shape.d2 is not None else ln.gate
+  lanes = ln.replace(
+      alive=put(survive, new), anc=anc,
+      pos=put(ln.pos, jnp.where(assigned, ln.pos[bi, parent] + 1, length_before[:, None])),
+      token=put(ln.token, jnp.where(assigned, child_tok, ver.y[:, None])),
+      parent=put(ln.parent, jnp.where(assigned, parent, -1)),
+      prop=put(ln.prop, jnp.where(assigned, jnp.where(from_second, PROP_SECOND, PROP_FIRST), PROP_RESTART)),
+      gate=put(gate, False), x1=put(ln.x1, -1), x2=put(ln.x2, -1))
+  skipped1 = jnp.sum(want1 & ~granted1, axis=1)
+  skipped2 = jnp.sum(want2 & ~granted2, axis=1)
+  return lanes, skipped1, skipped2
+
+
+def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2):
+  """Per-request counters after one tick."""
+  active = ~st.done
+  live = jnp.sum(st.lanes.alive & active[:, None], axis=1)
+  c = lambda x: x.astype(jnp.int32)
+  hr = ver.has_root
+  return LoopSpecStats(
+      ticks=ss.ticks + c(active), first=ss.first + c(hr & (source == PROP_FIRST)),
+      second=ss.second + c(hr & (source == PROP_SECOND)), restart=ss.restart + c(hr & (source == PROP_RESTART)),
+      last_source=jnp.where(hr, source, ss.last_source), reject_first=ss.reject_first + c(hr & (ver.stage != 1)),
+      gate_evals=ss.gate_evals + jnp.sum(at_d2, axis=1), gate_opens=ss.gate_opens + jnp.sum(opens, axis=1),
+      skipped_first=ss.skipped_first + skipped1, skipped_second=ss.skipped_second + skipped2,
+      live_sum=ss.live_sum + live, live_max=jnp.maximum(ss.live_max, live))
+
+
+def commit_source(ver: Verified, kept_found, newly_done):
+  """Where a commit's next lane came from; a commit that finishes its request counts by its stage."""
+  by_stage = jnp.where(ver.stage == 1, PROP_FIRST, jnp.where(ver.stage == 2, PROP_SECOND, PROP_RESTART))
+  kept = jnp.where(kept_found, by_stage, PROP_RESTART)
+  return jnp.where(newly_done, by_stage, kept)
+
+
+def make_tick(params, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, greedy: bool,
+              random_init: bool):
+  """The while_loop body: one tick of the LoopSpec pipeline for every request (`params` in decode form)."""
+  w = shape.width
+
+  def tick(st: LoopSpecState) -> LoopSpecState:
+    adv = advance(params, st, sp, cfg, shape, random_init)
+    ver = verify_root(st, adv, sp, shape, greedy)
+    cache, tokens, length, n_new, done = commit(st, adv.spec, ver, sp)
+    survive, kept_found = prune(st.lanes, ver, done)
+    ln, dr = draft(st, adv, sp, shape, greedy)
+    ln = ln.replace(s=adv.s, e=adv.e)
+    lanes, skipped1, skipped2 = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
+    rows = L.group_rows(st.iterations, shape.n_groups, w)
+    if shape.d2 is not None:
+      at_d2 = st.lanes.alive[:, rows[shape.endpoint_groups[1] * w:][:w]] & ~st.done[:, None]
+    else:
+      at_d2 = jnp.zeros((st.lanes.alive.shape[0], w), bool)
+    source = commit_source(ver, kept_found, done & ~st.done)
+    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2)
+    return LoopSpecState(cache=cache, spec=adv.spec, lanes=lanes, stats=stats, tokens=tokens, length=length,
+                         n_new=n_new, done=done, limit=st.limit, iterations=st.iterations + 1)
+
+  return tick
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy", "random_init"), donate_argnames=("state",))
+def decode_loop(params, state: LoopSpecState, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape,
+                greedy: bool, random_init: bool):
+  """Ticks until every request is done; the loop never returns to the host."""
+  tick = make_tick(M.prepare_params(params, cfg), sp, cfg, shape, greedy, random_init)
+  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), tick, state)

@@ -1,0 +1,1 @@
+"""Experiment entry points (the `loopspec-*` console scripts); shared conventions in `common`."""

@@ -1,0 +1,160 @@
+"""Side-by-side decoding benchmark: AR, chain and LoopSpec on the same prompts in one run.
+
+Every method decodes every prompt (one request at a time, as the paper measures), after an untimed warm-up
+that compiles. Repeats are interleaved (method order rotated) so machine noise hits all methods alike; the
+report gives medians of decode time after prefill, wall-clock ratios against AR from the same repeat, mean
+accepted length (R * tokens / sequential recurrent steps, the same scale for chain and LoopSpec), where the time
+goes (loop iterations: AR tokens, chain rounds, LoopSpec ticks; ms per iteration), core-step calls per token,
+commit sources and gate-open rate.
+
+  loopspec-bench                                          # configs/bench/default.py
+  loopspec-bench --config=bench/bundled.py:quick          # a config of loopspec_jax/configs/, a preset
+  python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+import numpy as np
+from tqdm import tqdm
+
+import loopspec_jax
+from loopspec_jax import prompts as prompt_sets
+from loopspec_jax.experiments import common
+
+FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("bench/default.py"), "Benchmark settings.",
+                                          flag_values=FLAGS)
+
+
+def run_method(model, prompts, name, kw, sampling, max_new_tokens, seed):
+  """Decodes every prompt alone (request id = its index); per-prompt stats dicts and token lists."""
+  stats, outputs = [], []
+  for i, p in enumerate(prompts):
+    res = loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed,
+                                request_ids=[i], **sampling, **kw)
+    stats.append(res.stats)
+    outputs.append(res.tokens[0])
+  return stats, outputs
+
+
+def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: int, repeats: int, seed: int = 0,
+              progress: bool = True) -> dict:
+  """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
+  r = model.config.recurrence
+  parsed = [common.parse_method(m) for m in methods]
+  labels = [common.method_label(n, kw) for n, kw in parsed]
+  if labels[0] != "ar":
+    raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
+  times = {l: [] for l in labels}
+  aggs = {}
+  outputs = {}
+  bar = tqdm(total=len(parsed) * (repeats + 1), desc="bench", disable=not progress)
+  for (name, kw), label in zip(parsed, labels):  # warm-up: compile every configuration
+    st, outs = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
+    outputs[label] = outs
+    bar.update(1)
+  for rep in range(repeats):
+    order = list(range(len(parsed)))
+    order = order[rep % len(order):] + order[:rep % len(order)]
+    for i in order:
+      (name, kw), label = parsed[i], labels[i]
+      st, _ = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
+      agg = common.aggregate(st, r)
+      times[label].append(agg["decode_seconds"])
+      aggs[label] = agg
+      bar.update(1)
+  bar.close()
+  results = {}
+  for label in labels:
+    ratios = [a / b for a, b in zip(times["ar"], times[label])]
+    res = dict(aggs[label])
+    res["decode_seconds_median"] = statistics.median(times[label])
+    res["decode_seconds_all"] = times[label]
+    res["tokens_per_second_median"] = res["tokens"] / max(res["decode_seconds_median"], 1e-9)
+    res["wall_clock_ratio_median"] = statistics.median(ratios)
+    res["identical_to_ar"] = outputs[label] == outputs["ar"]
+    results[label] = res
+  return results
+
+
+def markdown_table(rows: list) -> str:
+  """One line per (model, task, sampling, method); ms/tick is the median decode time per loop iteration."""
+  head = ("| model | task | sampling | method | mean acc. len | tok/s (decode) | ratio vs AR | tokens/tick | ms/tick | "
+          "core steps/tok | commits f/s/r | gate open | identical |")
+  lines = [head, "|" + "---|" * 13]
+  for row in rows:
+    c = row["commits"]
+    ms_tick = 1e3 * row["decode_seconds_median"] / max(row["ticks"], 1)
+    lines.append(
+        f"| {row['model']} | {row['task']} | {row['sampling']} | {row['method']} | {row['mean_accepted_length']:.2f} | "
+        f"{row['tokens_per_second_median']:.1f} | {row['wall_clock_ratio_median']:.2f}x | "
+        f"{row['tokens_per_tick']:.2f} | {ms_tick:.2f} | "
+        f"{row['core_step_calls_per_token']:.2f} | {c['first']}/{c['second']}/{c['restart']} | "
+        f"{row['gate_open_rate']:.2f} | {'yes' if row['identical_to_ar'] else ('-' if row['sampling'] != 'greedy' else 'NO')} |")
+  return "\n".join(lines)
+
+
+def machine_description() -> str:
+  return f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.devices()[0].platform}"
+
+
+def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
+  """`num` prompts of a task as token ids. Text prompts longer than half the model's context keep their last
+  max_len // 2 tokens (few-shot prefixes do not fit the tiny models); each cut is logged."""
+  if task == "random":
+    rng = np.random.RandomState(seed)
+    return [rng.randint(0, model.config.vocab_size, prompt_len).tolist() for _ in range(num)]
+  texts = prompt_sets.load_prompts(task, num)
+  keep = model.config.max_len // 2
+  out = []
+  for i, t in enumerate(texts):
+    ids = model.encode(t)
+    if len(ids) > keep:
+      logging.warning("%s prompt %d: %d tokens, keeping the last %d (context %d)", task, i, len(ids), keep,
+                      model.config.max_len)
+    out.append(ids[-keep:])
+  return out
+
+
+def main(argv):
+  del argv
+  cfg = _CONFIG.value
+  rows = []
+  for model_spec in common.split_list(cfg.models):
+    model = common.resolve_model(model_spec, contraction=cfg.get("contraction"), seed=cfg.seed)
+    name = cfg.get("model_label") or model_spec
+    for task in common.split_list(cfg.tasks):
+      prompts = load_prompt_set(task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)
+      for samp_name in common.split_list(cfg.samplings):
+        sampling = dict(cfg.sampling_settings[samp_name])
+        methods = list(cfg.methods_by_model.get(name, cfg.methods)) if cfg.get("methods_by_model") else list(cfg.methods)
+        print(f"model {name}, task {task}, {samp_name}: {len(prompts)} prompts, methods {methods}", flush=True)
+        res = benchmark(model, prompts, methods, sampling, max_new_tokens=cfg.max_new_tokens,
+                        repeats=cfg.repeats, seed=cfg.seed)
+        for label, r in res.items():
+          rows.append({"model": name, "task": task, "sampling": samp_name, "method": label, **r})
+  table = markdown_table(rows)
+  print(table)
+  if common.is_main_process():
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    meta = {"machine": machine_description(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}
+    common.atomic_write_json(os.path.join(cfg.out_dir, "bench.json"), {"meta": meta, "rows": rows})
+    common.atomic_write_text(os.path.join(cfg.out_dir, "bench.md"),
+                             f"Machine: {meta['machine']}\n\n{table}\n")
+    print(f"wrote {cfg.out_dir}/bench.json and bench.md")
+
+
+def run():
+  common.run(main, FLAGS)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,287 @@
+"""What every experiment entry point shares: flag parsing, quiet logs, model and method specs, stats sums, files.
+
+Conventions of all experiments (the `loopspec-*` console scripts and `python -m loopspec_jax.experiments.X`):
+  * settings are one ml_collections config file per experiment, `--config=PATH[:VARIANT]`; PATH may be relative to
+    the working directory or to the package's `loopspec_jax/configs/` folder (so `--config=bench/bundled.py:quick`
+    works from any directory), and VARIANT is only a named preset (the file's `get_config(arg)`);
+  * the one override syntax is `--config.<field>=<value>`;
+  * "none" is spelled `none` everywhere on the command line and in spec strings (`--config.d2=none`,
+    `loopspec:d1=2,d2=none`, `1,none` in a sweep's config list); in Python configs it is `None`;
+  * absl, jax and orbax log at WARNING unless `--verbosity` (`-v`) asks for more, so a script prints only its own
+    progress and results.
+Each experiment module keeps its flags in its own `flags.FlagValues` (`FLAGS`), so tests and notebooks can import
+several experiments into one process without their `--config` flags colliding.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import logging as py_logging
+import os
+import sys
+import tempfile
+from typing import List, Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+import numpy as np
+
+import loopspec_jax
+from loopspec_jax import api
+from loopspec_jax import configs
+from loopspec_jax.analysis import theory
+from loopspec_jax.configs import models as model_configs
+
+NONE = "none"  # the one spelling of "no value" on the command line and in spec strings
+CONFIG_DIR = os.path.dirname(os.path.abspath(configs.__file__))
+# Python loggers of libraries that log start-up chatter (checkpointer settings, backends not found) at INFO.
+_CHATTY_LOGGERS = ("jax", "jax._src.xla_bridge", "orbax", "orbax.checkpoint", "absl")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Flags, config paths, logs
+# ---------------------------------------------------------------------------------------------------
+def config_path(relative: str) -> str:
+  """The absolute path of a config file inside the package, e.g. config_path("bench/bundled.py")."""
+  return os.path.join(CONFIG_DIR, relative)
+
+
+def resolve_config_arg(value: str) -> str:
+  """'PATH[:VARIANT]' with PATH made absolute: as given if it exists, else inside loopspec_jax/configs/."""
+  path, sep, variant = value.partition(":")
+  if os.path.exists(path):
+    return value
+  for prefix in ("loopspec_jax/configs/", "configs/"):
+    if path.startswith(prefix):
+      path = path[len(prefix):]
+  candidate = config_path(path)
+  return candidate + sep + variant if os.path.exists(candidate) else value
+
+
+def _default_config_arg(own: flags.FlagValues) -> str:
+  """The default `--config` value of an experiment (the path given to DEFINE_config_file)."""
+  return ast.literal_eval(own["config"].default_as_str)
+
+
+def config_argv(argv: Sequence[str], own: flags.FlagValues) -> List[str]:
+  """argv with `--config` resolved (package-relative paths) and present (the default inserted when absent).
+
+  config_flags reads the `--config.<field>` overrides when `--config` itself is parsed, so the flag is always
+  given explicitly, ahead of its overrides.
+  """
+  out = [argv[0]]
+  given = False
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      arg = "--config=" + resolve_config_arg(arg[len("--config="):])
+      given = True
+    out.append(arg)
+  if not given and "config" in own:
+    out.insert(1, "--config=" + _default_config_arg(own))
+  return out
+
+
+def quiet_logs(verbosity_given: bool = False):
+  """absl logs at WARNING and the chatty library loggers too, unless the user passed --verbosity."""
+  if verbosity_given:
+    return
+  logging.set_verbosity(logging.WARNING)
+  for name in _CHATTY_LOGGERS:
+    py_logging.getLogger(name).setLevel(py_logging.WARNING)
+
+
+def parse_flags(own: flags.FlagValues, argv: Sequence[str]) -> List[str]:
+  """Parses an experiment's own flags (`--config`, `--config.*`), then absl's (`--verbosity`, ...).
+
+  Returns the positional arguments (argv[0] first), as absl's parser does. Re-parsing in one process (tests)
+  is allowed: the override flags a previous parse defined are removed first.
+  """
+  argv = config_argv(argv, own)
+  for name in [n for n in own if n.startswith("config.")]:
+    delattr(own, name)
+  if any(a in ("--help", "-h", "--helpshort", "-?") for a in argv[1:]):
+    print(own.get_help())
+    print("Override any config field with --config.<field>=<value>; 'none' spells an absent value.")
+  saved = sys.argv
+  sys.argv = list(argv)  # config_flags looks for the --config.* overrides in sys.argv
+  try:
+    rest = own(argv, known_only=True)
+  finally:
+    sys.argv = saved
+  rest = flags.FLAGS(rest)
+  quiet_logs(flags.FLAGS["verbosity"].present)
+  return rest
+
+
+def run(main, own: flags.FlagValues):
+  """absl's app.run with this experiment's own flags parsed first; logs quiet unless --verbosity asks."""
+  app.run(main, flags_parser=functools.partial(parse_flags, own))
+
+
+class _OptionalParser(flags.ArgumentParser):
+  """An int / float / str parser that also reads NONE ("none") as None, for optional config fields."""
+
+  def __init__(self, kind):
+    super().__init__()
+    self._kind = kind
+    self.syntactic_help = f"{kind.__name__} or {NONE}"
+
+  def parse(self, argument):
+    if isinstance(argument, str) and argument.strip() == NONE:
+      return None
+    return self._kind(argument)
+
+  def flag_type(self):
+    return self._kind.__name__
+
+
+config_flags.register_flag_parser_for_type(int, _OptionalParser(int))
+config_flags.register_flag_parser_for_type(float, _OptionalParser(float))
+config_flags.register_flag_parser_for_type(str, _OptionalParser(str))
+
+
+def parse_optional_int(text) -> Optional[int]:
+  """'4' -> 4, 'none' -> None (NONE is the one spelling; ints and None pass through)."""
+  if text is None or isinstance(text, int):
+    return text
+  text = str(text).strip()
+  if text == NONE:
+    return None
+  try:
+    return int(text)
+  except ValueError as e:
+    raise ValueError(f"expected an integer or {NONE!r}, got {text!r}") from e
+
+
+def split_list(text) -> list:
+  """'a,b' -> ['a', 'b'] (lists and tuples pass through as strings)."""
+  if isinstance(text, (list, tuple)):
+    return [str(x).strip() for x in text]
+  return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models and methods
+# ---------------------------------------------------------------------------------------------------
+def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int = 0, dtype: str = "float32"):
+  """'random:<family>:<variant>' (e.g. 'random:huginn:bench_r32') builds random weights, contractive when
+  `contraction` is given; anything else is a bundled model name or a checkpoint directory (HF or our own)."""
+  if spec.startswith("random:"):
+    cfg = model_configs.model_config(spec[len("random:"):], dtype=dtype)
+    return api.from_config(cfg, seed=seed, contraction=contraction)
+  return loopspec_jax.load(spec, dtype=dtype)
+
+
+def model_identity(cfg) -> dict:
+  """What identifies the model in result keys: the spec, and for random models the contraction and seed."""
+  contraction = cfg.get("contraction")
+  random = cfg.model.startswith("random:")
+  return {"model": cfg.model, "contraction": contraction if random else None, "seed": cfg.seed}
+
+
+def load_model(cfg):
+  """The model of an experiment config (fields model, contraction, seed)."""
+  return resolve_model(cfg.model, contraction=model_identity(cfg)["contraction"], seed=cfg.seed)
+
+
+def parse_method(spec: str) -> tuple:
+  """'loopspec:d1=2,d2=8' -> ('loopspec', {'d1': 2, 'd2': 8}); 'd2=none' -> None; 'ar' -> ('ar', {})."""
+  name, _, rest = spec.strip().partition(":")
+  kw = {}
+  for item in filter(None, (x.strip() for x in rest.split(","))):
+    k, sep, v = item.partition("=")
+    if not sep:
+      raise ValueError(f"method argument {item!r} of {spec!r} is not of the form name=value")
+    kw[k.strip()] = parse_optional_int(v)
+  return name.strip(), kw
+
+
+def method_label(name: str, kw: dict) -> str:
+  """('loopspec', {'d1': 2}) -> 'loopspec(d1=2)'; 'ar' stays 'ar'."""
+  if not kw:
+    return name
+  return name + "(" + ",".join(f"{k}={v}" for k, v in kw.items()) + ")"
+
+
+def aggregate(stats: List[dict], r: int) -> dict:
+  """Sums the per-prompt `DecodeStats.as_dict()` of one method and recomputes the ratios from the sums.
+
+  gamma (mean_accepted_length) comes from the library's cost identity (`theory.gamma_from_counts` for LoopSpec,
+  `theory.chain_accepted_length` for chain), on one scale: R * tokens / sequential recurrent steps.
+  """
+  tot = lambda k: sum(s.get(k, 0) for s in stats)
+  n = tot("tokens_generated")
+  c = {k: sum(s["commits"][k] for s in stats) for k in ("first", "second", "restart")}
+  method = stats[0]["method"]
+  evals = tot("gate_evals")
+  if method == "loopspec" and n:
+    d1, d2 = stats[0]["d1"], stats[0]["d2"]
+    gamma = theory.gamma_from_counts(r, d1, d2, n, c["second"] + c["restart"], c["restart"])
+  elif method == "chain" and n:
+    gamma = theory.chain_accepted_length(r, stats[0]["d1"], stats[0]["gamma"], n, tot("rounds"))
+  else:
+    gamma = 1.0 if method == "ar" else 0.0
+  out = {"tokens": n, "decode_seconds": tot("decode_seconds"),
+         "prefill_seconds": tot("prefill_seconds"), "ticks": tot("ticks"), "core_step_calls": tot("core_step_calls"),
+         "commits": c, "mean_accepted_length": gamma,
+         "gate_open_rate": sum(s.get("gate_open_rate", 0.0) * s.get("gate_evals", 0) for s in stats) / evals
+         if evals else 0.0,
+         "skipped_spawns": tot("skipped_spawns")}
+  out["core_step_calls_per_token"] = out["core_step_calls"] / max(n, 1)
+  out["tokens_per_second"] = n / max(out["decode_seconds"], 1e-9)
+  out["tokens_per_tick"] = n / max(out["ticks"], 1)
+  if method == "loopspec":
+    out.update(reject_first=tot("reject_first"), request_ticks=tot("request_ticks"),
+               max_live_lanes=max(s.get("max_live_lanes", 0) for s in stats))
+  if method == "chain":
+    out.update(rounds=tot("rounds"), tokens_per_round=n / max(tot("rounds"), 1),
+               acceptance_rate=c["first"] / max(tot("rounds") * stats[0]["gamma"], 1))
+  return out
+
+
+def time_line(label: str, agg: dict, ar: Optional[dict] = None) -> str:
+  """Where the time goes, from summed stats: 'loopspec: 81 ticks, 0.79 tokens/tick, 1.9 ms/tick (AR: 3.1 ms/token)'.
+
+  `agg` and `ar` hold ticks, tokens and decode_seconds (as `aggregate` returns them).
+  """
+  ticks = max(agg["ticks"], 1)
+  text = (f"{label}: {agg['ticks']} ticks, {agg['tokens'] / ticks:.2f} tokens/tick, "
+          f"{1e3 * agg['decode_seconds'] / ticks:.2f} ms/tick")
+  if ar is not None:
+    text += f" (AR: {1e3 * ar['decode_seconds'] / max(ar['tokens'], 1):.2f} ms/token)"
+  return text
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files and processes
+# ---------------------------------------------------------------------------------------------------
+def atomic_write_text(path: str, text: str):
+  """Write-then-rename so a killed process never leaves a half-written file."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def atomic_write_json(path: str, obj):
+  atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(x):
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (np.floating,)):
+    return float(x)
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  raise TypeError(type(x))
+
+
+def is_main_process() -> bool:
+  """Whether this is process 0 (the one that writes results) of a possibly multi-process run."""
+  return jax.process_index() == 0

@@ -1,0 +1,149 @@
+"""Cost report: ops, flops and HBM traffic of one AR token / chain round / LoopSpec tick, and a roofline
+projection of tokens/s on named accelerators, for real-size models compiled from abstract shapes.
+
+Nothing is allocated: each decoder's jitted loop is compiled from `jax.ShapeDtypeStruct`s and its optimised
+HLO read by `loopspec_jax.analysis.cost` (see there for what is counted). Prints one table and writes the
+rows as JSON.
+
+  python -m loopspec_jax.experiments.cost_report
+  python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app
+from absl import logging
+from ml_collections import config_flags
+
+import loopspec_jax.configs.cost
+from loopspec_jax.analysis import cost
+from loopspec_jax.checkpoint import native
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.configs import accelerators as accel_configs
+from loopspec_jax.configs.models import model_config
+from loopspec_jax.experiments import common
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(loopspec_jax.configs.cost.__file__), "default.py")
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "cost report config")
+
+GB = 1e9
+
+
+def resolve_model(spec: str, dtype: str, context: int) -> ModelConfig:
+  """A configs.models spec ("huginn:0125") or "bundled:<name>" (its config only), at dtype and context."""
+  if spec.startswith("bundled:"):
+    path = os.path.join(native.bundled_path(spec[len("bundled:"):]), native.OWN_CONFIG)
+    with open(path) as f:
+      cfg = ModelConfig.from_dict(json.load(f))
+  else:
+    cfg = model_config(spec)
+  return cfg.replace(dtype=dtype, max_len=context)
+
+
+def method_kwargs(name: str, kw: dict) -> dict:
+  """The decoder's make_decoder arguments (LoopSpec: d2 and lane_capacity default to None)."""
+  kw = dict(kw)
+  if name == "loopspec":
+    kw.setdefault("d2", None)
+    kw.setdefault("lane_capacity", None)
+  return kw
+
+
+def measure(cfg: ModelConfig, name: str, kw: dict, c) -> dict:
+  """Compiles and analyses one method; returns its row (without projections)."""
+  compiled = cost.compile_decode_loop(cfg, name, batch=c.batch, greedy=c.greedy, **method_kwargs(name, kw))
+  t0 = time.perf_counter()
+  step = cost.loop_cost(compiled, branch=c.branch)
+  row = {"method": common.method_label(name, kw), "name": name, "kw": kw, "compile_seconds": compiled.compile_seconds,
+         "analyze_seconds": time.perf_counter() - t0, "cache_positions": compiled.total_len, **step.as_dict(),
+         "top_items": [list(x) for x in step.top_items(12)]}
+  if name == "loopspec":
+    lanes = cost.live_lanes(cfg.recurrence, kw["d1"])
+    lane_bytes = cost.lane_kv_bytes(cfg, kw["d1"], compiled.total_len, c.batch)
+    row.update(live_lanes=lanes, lane_kv_bytes=lane_bytes, kv_ratio=step.bytes["kv"] / (lanes * lane_bytes))
+  return row, step
+
+
+def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
+  """Rows of every method of one model at one context, with projections and ratios against the first (AR)."""
+  cfg = resolve_model(settings.spec, c.dtype, context)
+  rows = []
+  for spec in settings.methods:
+    name, kw = common.parse_method(spec)
+    try:
+      row, step = measure(cfg, name, kw, c)
+    except Exception as e:  # pylint: disable=broad-except
+      if not rows:
+        raise
+      logging.error("%s %s failed to compile or analyse: %r", label, spec, e)
+      rows.append({"model": label, "context": context, "method": common.method_label(name, kw), "name": name,
+                   "error": repr(e)})
+      continue
+    per_iter = cost.tokens_per_iteration(name, cfg, settings.gamma, kw)
+    row.update(model=label, context=context, gamma=settings.gamma, tokens_per_iteration=per_iter,
+               tokens_per_second=cost.project(step, per_iter, accels, c.op_overhead_s, c.batch))
+    rows.append(row)
+  ref = rows[0]["tokens_per_second"]
+  for row in rows:
+    if "error" in row:
+      continue
+    row["ratio_vs_ar"] = {a: row["tokens_per_second"][a] / ref[a] for a in accels}
+  return rows
+
+
+def _num(x: float) -> str:
+  """Three significant digits, without exponents for ordinary magnitudes."""
+  return f"{x:.3g}" if x < 1e6 else f"{x:.3e}"
+
+
+def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
+  """The markdown table of the report plus one LoopSpec check line per LoopSpec row."""
+  heads = ["model", "ctx", "method", "ops", "GFLOP", "GB weights", "GB KV", "GB copies", "GB other"]
+  heads += [f"tok/s {accels[a]['label']}" for a in accels] + [f"x AR ({accels[ratio_acc]['label']})"]
+  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  checks = []
+  for r in rows:
+    if "error" in r:
+      lines.append(f"| {r['model']} | {r['context']} | {r['method']} | failed: {r['error'][:100]} |")
+      continue
+    b = r["bytes"]
+    cells = [r["model"], str(r["context"]), r["method"], f"{r['ops']:.0f}", _num(r["flops"] / GB)]
+    cells += [_num(b[k] / GB) for k in ("weights", "kv", "copies", "other")]
+    cells += [_num(r["tokens_per_second"][a]) for a in accels] + [f"{r['ratio_vs_ar'][ratio_acc]:.2f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+    if r["name"] == "loopspec":
+      checks.append(
+          f"{r['model']} ctx {r['context']} {r['method']}: {r['loop_carried_copies']:.0f} loop-carried copies, "
+          f"{r['cache_sized_copies']:.0f} cache-sized copies per tick; KV traffic / (live lanes {r['live_lanes']} x "
+          f"{_num(r['lane_kv_bytes'] / GB)} GB per lane) = {r['kv_ratio']:.2f}; "
+          f"tokens/tick {r['tokens_per_iteration']:.3f} at gamma {r['gamma']}")
+  return "\n".join(lines + [""] + checks)
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  accels = accel_configs.get_config(c.accelerators).to_dict()
+  t0 = time.perf_counter()
+  rows = []
+  for label in [m.strip() for m in c.models.split(",") if m.strip()]:
+    settings = c.model_settings[label]
+    for context in (list(settings.contexts) or list(c.contexts)):
+      rows += model_rows(label, settings, context, c, accels)
+      print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {context} done", flush=True)
+  seconds = time.perf_counter() - t0
+  header = (f"dtype {c.dtype}, batch {c.batch}, {'greedy' if c.greedy else 'sampled'}; traffic from the optimised "
+            f"HLO (CPU-compiled, storage dtype); roofline max(flops/peak, bytes/BW) + {c.op_overhead_s:g} s/op; "
+            f"conditionals: {c.branch} branch")
+  print(header + "\n\n" + format_table(rows, accels, c.ratio_accelerator) + f"\n\nreport took {seconds:.0f} s")
+  if c.out:
+    common.atomic_write_json(c.out, {"config": c.to_dict(), "accelerators": accels, "seconds": seconds,
+                                     "rows": rows})
+    print(f"wrote {c.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,107 @@
+"""The main job: decode a few prompts with autoregressive decoding and LoopSpec, greedy and sampled.
+
+  loopspec-demo                                   # bundled tiny-raven, LoopSpec at (d1, d2) = (2, 8)
+  loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro, (1, 2)
+  loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8
+
+Settings: loopspec_jax/configs/demo.py. Prints the text of each method, decode tokens/s (after prefill,
+compiled), the wall-clock ratio, the mean accepted length, where the time goes (ticks, tokens per tick, ms per
+tick beside AR's ms per token) and whether greedy LoopSpec reproduced the autoregressive tokens exactly.
+"""
+from __future__ import annotations
+
+from absl import flags
+from ml_collections import config_flags
+
+import loopspec_jax
+from loopspec_jax.experiments import common
+
+FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"), "Demo settings.",
+                                          flag_values=FLAGS)
+
+PROMPTS = [
+    "ROMEO:\nWhat light is this that breaks upon mine eyes?\n\nJULIET:\n",
+    "Question: Natalia sold 48 clips in April and half as many in May. How many clips did she sell?\nAnswer:",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "KING HENRY:\nOnce more unto the",
+]
+BEST = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
+SETTINGS = (("greedy", dict(temperature=0.0)), ("sampled T=1.0 top_p=0.7", dict(temperature=1.0, top_p=0.7)))
+
+
+def best_depths(model) -> tuple:
+  """The (d1, d2) the theory and our sweeps favour for the model's family and depth."""
+  r = model.config.recurrence
+  d1, d2 = BEST.get(model.family, (1, 2))
+  if r % d1 or not d1 < d2 < r or d2 % d1:
+    d1, d2 = 1, None
+  return d1, d2
+
+
+def chosen_depths(model, config) -> tuple:
+  """The config's (d1, d2), or the model's best known pair when d1 is none."""
+  if config.d1 is None:
+    return best_depths(model)
+  return int(config.d1), config.d2
+
+
+def prompt_ids(model) -> list:
+  """The demo prompts as token ids (fixed pseudo-prompts for a checkpoint without a tokenizer)."""
+  if model.tokenizer is not None:
+    return [model.encode(p) for p in PROMPTS]
+  return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(PROMPTS))]
+
+
+def decode_prompts(model, prompts, *, max_new_tokens: int, seed: int, **kw) -> tuple:
+  """Each prompt alone (as the paper measures), compiled by an untimed first call; (outputs, summed stats)."""
+  outputs, stats = [], []
+  for i, p in enumerate(prompts):
+    loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **kw)
+    res = loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **kw)
+    outputs.append(res.tokens[0])
+    stats.append(res.stats)
+  return outputs, common.aggregate(stats, model.config.recurrence)
+
+
+def report(model, d1: int, ar: dict, ls: dict) -> str:
+  """The lines comparing the two methods: tokens/s, gamma, where the time goes, wall-clock ratio."""
+  return "\n".join([
+      f"autoregressive: {ar['tokens_per_second']:8.1f} tokens/s",
+      f"loopspec:       {ls['tokens_per_second']:8.1f} tokens/s   mean accepted length "
+      f"{ls['mean_accepted_length']:.2f} of {model.recurrence // d1}",
+      "time: " + common.time_line("loopspec", ls, ar),
+      f"wall-clock ratio (decode after prefill): {ar['decode_seconds'] / max(ls['decode_seconds'], 1e-12):.2f}x",
+  ])
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  print(f"loading {config.model} ...", flush=True)
+  model = loopspec_jax.load(config.model)
+  d1, d2 = chosen_depths(model, config)
+  prompts = prompt_ids(model)
+  print(f"model: {model.family}, R={model.recurrence}, LoopSpec (d1, d2) = ({d1}, {d2})", flush=True)
+  for name, sampling in SETTINGS:
+    print(f"\n=== {name} ===", flush=True)
+    results = {}
+    for label, kw in (("autoregressive", dict(method="ar")), ("loopspec", dict(method="loopspec", d1=d1, d2=d2))):
+      print(f"[{label}] compiling and decoding {len(prompts)} prompts ...", flush=True)
+      results[label] = decode_prompts(model, prompts, max_new_tokens=config.max_new_tokens, seed=config.seed,
+                                      **sampling, **kw)
+    (ar_out, ar), (ls_out, ls) = results["autoregressive"], results["loopspec"]
+    for i, p in enumerate(PROMPTS if model.tokenizer is not None else prompts):
+      text = model.decode(ls_out[i]) if model.tokenizer is not None else ls_out[i]
+      print(f"\n--- prompt {i}: {p!r}\n{text}")
+    print("\n" + report(model, d1, ar, ls))
+    if name == "greedy":
+      print(f"greedy outputs identical: {ar_out == ls_out}")
+
+
+def run():
+  common.run(main, FLAGS)
+
+
+if __name__ == "__main__":
+  run()

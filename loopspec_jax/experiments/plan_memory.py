@@ -1,0 +1,148 @@
+"""Memory plan per device: parameters, committed KV, speculative KV and lane state over a (data, model) mesh.
+
+Sizes come from `jax.eval_shape` of the real state (parameters: `looped.abstract_params`; the cache and the
+decode state: the prefill and `initial_state` of the decoder `generate` builds, sampling mode) laid out by the logical axis rules
+of `loopspec_jax.parallel.sharding` (a sharded dim holds shape / mesh-axis size per device; dims the mesh does not
+divide are replicated), so nothing is allocated and planning 8 or 16 devices works on one CPU. Activations
+and XLA workspace are not counted: keep some headroom below the flagged limit.
+
+  loopspec-plan-memory --config.models=huginn:0125,ouro:2p6b --config.dtype=bfloat16 --config.context=4096 \
+      --config.meshes=1x8,2x4 --config.batches=1,2,4,8 --config.device_memory_gib=16
+
+Settings: loopspec_jax/configs/plan_memory.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+
+from loopspec_jax.configs import models as model_configs
+from loopspec_jax.configs.mesh import _base as mesh_configs
+from loopspec_jax.decoding import autoregressive as ar
+from loopspec_jax.decoding import common as common_dec
+from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
+from loopspec_jax.decoding.loopspec import state as loopspec
+from loopspec_jax.experiments import common
+from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import sharding
+
+FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("plan_memory.py"), "Memory plan settings.",
+                                          flag_values=FLAGS)
+
+GIB = 1024 ** 3
+
+
+def model_config(spec: str, dtype: str, context: int):
+  """The ModelConfig of a spec like "huginn:0125" in `dtype`, its context at least `context`."""
+  cfg = model_configs.model_config(spec)
+  return cfg.replace(dtype=dtype, max_len=max(cfg.max_len, context))
+
+
+def make_decoder(cfg, method: str, d1=None, d2=None, capacity=None):
+  """The decoder `generate` would build for this method (sampling: the larger, worst-case state)."""
+  if method == "ar":
+    return ar.make_decoder(cfg, greedy=False, random_init=False)
+  return loopspec_decoder.make_decoder(cfg, greedy=False, random_init=False, d1=d1, d2=d2, lane_capacity=capacity)
+
+
+def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None, capacity=None) -> dict:
+  """ShapeDtypeStruct trees by category: params, committed_kv, spec_kv, lanes, other.
+
+  The shapes are those of the decoder's own prefill and initial state (`jax.eval_shape`, nothing allocated):
+  committed_kv is the state's `cache`, spec_kv its `spec` and lanes its `lanes` (LoopSpec only); other holds the
+  remaining state fields and the sampling parameters.
+  """
+  dec = make_decoder(cfg, method, d1, d2, capacity)
+  params = M.abstract_params(cfg)
+  sp = jax.eval_shape(lambda: common_dec.make_sampling_params(batch, 1, 1.0, 0, 1.0, 0, None))
+  prompt = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+  lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  prefill = functools.partial(common_dec.prefill_state, cfg=cfg, readout_depths=dec.readout_depths,
+                              total_len=context + dec.extra_positions, random_init=False,
+                              cache_group=dec.cache_group)
+  cache, tokens = jax.eval_shape(prefill, params, prompt, lengths, sp)
+  st = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
+  fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
+  rest = {k: v for k, v in fields.items() if k not in ("cache", "spec", "lanes")}
+  return {"params": params, "committed_kv": fields["cache"], "spec_kv": fields.get("spec", {}),
+          "lanes": fields.get("lanes", {}), "other": (rest, sp)}
+
+
+def plan_row(cfg, batch: int, context: int, mesh_shape: tuple, method: str, rules=sharding.RULES, d1=None, d2=None,
+             capacity=None, memory_gib: float = 16.0) -> dict:
+  """Bytes per device of every category of one configuration (batch padded to the data axis)."""
+  axis_sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
+  padded = -(-batch // axis_sizes["data"]) * axis_sizes["data"]
+  trees = abstract_states(cfg, padded, context, method, d1, d2, capacity)
+  row = {"batch": batch, "padded_batch": padded, "mesh": tuple(mesh_shape), "method": method}
+  kinds = {"params": "params", "committed_kv": "cache", "spec_kv": "spec", "lanes": "state", "other": "state"}
+  for cat, tree in trees.items():
+    kind = kinds[cat]
+    row[cat] = sharding.per_device_bytes(tree, kind, axis_sizes, rules, cfg)
+  row["total"] = sum(row[c] for c in trees)
+  row["fits"] = row["total"] <= memory_gib * GIB
+  return row
+
+
+def method_settings(cfg, method: str, d1=None, d2=None, capacity=None):
+  """(label, d1, d2, capacity) of a method for this model's recurrence (None: defaults)."""
+  if method == "ar":
+    return "ar", None, None, None
+  d1 = d1 or max(1, cfg.recurrence // 8)
+  d2 = d2 or None
+  loopspec.validate(cfg, d1, d2, capacity or None)
+  cap = capacity or loopspec.default_capacity(cfg.recurrence, d1, d2)
+  label = f"loopspec(d1={d1}{'' if d2 is None else f',d2={d2}'},N={cap})"
+  return label, d1, d2, cap
+
+
+def markdown(rows: list, memory_gib: float) -> str:
+  g = lambda b: f"{b / GIB:.2f}"
+  lines = ["| model | mesh (data,model) | batch | method | params | committed KV | spec KV | lanes | other | "
+           f"total GiB/device | fits {memory_gib:g} GiB |", "|" + "---|" * 11]
+  for r in rows:
+    lines.append(f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {r['batch']}"
+                 f"{'' if r['padded_batch'] == r['batch'] else ' (pad ' + str(r['padded_batch']) + ')'} | "
+                 f"{r['label']} | {g(r['params'])} | {g(r['committed_kv'])} | {g(r['spec_kv'])} | {g(r['lanes'])} | "
+                 f"{g(r['other'])} | {g(r['total'])} | {'yes' if r['fits'] else '**NO**'} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  f = _CONFIG.value
+  rules = sharding.RULES
+  if f.mesh_config:
+    rules = sharding.rules_from_config(mesh_configs.resolve(f.mesh_config))
+  meshes = [mesh_configs.parse_shape(m) for m in common.split_list(f.meshes)]
+  rows = []
+  for spec in common.split_list(f.models):
+    cfg = model_config(spec, f.dtype, f.context)
+    for mesh_shape in meshes:
+      for method in common.split_list(f.methods):
+        label, d1, d2, cap = method_settings(cfg, method, f.d1, f.d2, f.lane_capacity)
+        for b in common.split_list(f.batches):
+          row = plan_row(cfg, int(b), f.context, mesh_shape, method, rules, d1, d2, cap, f.device_memory_gib)
+          rows.append({"model": spec, "label": label, **row})
+  table = markdown(rows, f.device_memory_gib)
+  header = (f"dtype {f.dtype}, context {f.context}, {f.device_memory_gib:g} GiB per device; activations and "
+            "workspace not counted")
+  print(header + "\n\n" + table)
+  if f.out_dir and common.is_main_process():
+    common.atomic_write_text(os.path.join(f.out_dir, "plan_memory.md"), header + "\n\n" + table + "\n")
+    common.atomic_write_json(os.path.join(f.out_dir, "plan_memory.json"), rows)
+
+
+def run():
+  common.run(main, FLAGS)
+
+
+if __name__ == "__main__":
+  run()

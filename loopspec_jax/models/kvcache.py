@@ -1,0 +1,245 @@
+"""The committed-prefix KV cache: keys/values of every (recurrent step, layer), one buffer per block.
+
+Recurrent steps are laid out in `group`-step blocks: core step i of layer l lives in buffer
+(i % group) * n_core + l at index i // group of its leading axis, so a buffer is [G, B, KV, T, D] with
+G = R / group. With group = d1 (LoopSpec), the G lane groups of one sub-step j (lanes at depths g*d1 + j)
+read buffer (j, l) WHOLE with one batched dot: no per-lane gather, no slice of a loop-carried buffer.
+With group = 1 (autoregressive, chain) each layer has one [R, B, KV, T, D] buffer indexed by the step.
+Prelude layers have one [B, KV, T, D] buffer each; coda layers one [n_readouts, B, KV, T, D] buffer each
+(one coda cache per readout depth). Every buffer is a separate array (a separate loop-carried value), which
+is what lets XLA update it in place and feed it to a dot without copying.
+
+`KVCache` declares the logical axes of its buffers where it is made (`parallel.logical.axes_field`).
+Prefill fills a whole prompt at every depth; decoders write one or more positions per request.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
+
+KV_AXES = ("batch", "kv_heads", "length", "head_dim")
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per buffer a (k, v) pair; see the module docstring for the layout."""
+  prelude: tuple = axes_field(*KV_AXES)  # n_prelude x (k, v) [B, KV, T, D]
+  core: tuple = axes_field("groups", *KV_AXES)  # (group * n_core) x (k, v) [G, B, KV, T, D]
+  coda: tuple = axes_field("readouts", *KV_AXES)  # n_coda x (k, v) [n_readouts, B, KV, T, D]
+
+  @property
+  def length(self) -> int:
+    return self.core[0][0].shape[-2]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+  """Where each (recurrent step, layer) lives; `group` recurrent steps per block (see module docstring)."""
+  n_prelude: int
+  n_core: int
+  n_coda: int
+  recurrence: int
+  n_readouts: int
+  group: int = 1
+
+  @classmethod
+  def of(cls, cfg: ModelConfig, n_readouts: int, group: int = 1) -> "CacheLayout":
+    if cfg.recurrence % group:
+      raise ValueError(f"cache group {group} must divide the recurrence R={cfg.recurrence}")
+    n_coda = cfg.n_coda if cfg.is_raven else 0
+    n_prelude = cfg.n_prelude if cfg.is_raven else 0
+    return cls(n_prelude, cfg.n_core, n_coda, cfg.recurrence, n_readouts, group)
+
+  @property
+  def n_groups(self) -> int:
+    return self.recurrence // self.group
+
+  @property
+  def n_slots(self) -> int:
+    """(step, layer) slots of one position: prelude, R x core, one coda cache per readout."""
+    return self.n_prelude + self.recurrence * self.n_core + self.n_readouts * self.n_coda
+
+  def core_buffer(self, j: int, l: int) -> int:
+    """Index into KVCache.core of sub-step j (step % group) and layer l."""
+    return j * self.n_core + l
+
+
+def empty_cache(cfg: ModelConfig, layout: CacheLayout, batch: int, length: int) -> KVCache:
+  dt = jnp.dtype(cfg.dtype)
+  kv = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+  pair = lambda lead: (jnp.zeros(lead + kv, dt), jnp.zeros(lead + kv, dt))
+  return KVCache(prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
+                 core=tuple(pair((layout.n_groups,)) for _ in range(layout.group * layout.n_core)),
+                 coda=tuple(pair((layout.n_readouts,)) for _ in range(layout.n_coda)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading: (k, v) [B, KV, T, D] of one slot, and ctx_fns for the standard attention
+# ---------------------------------------------------------------------------------------------------
+def core_slot(cache: KVCache, layout: CacheLayout, step, l: int):
+  """(k, v) [B, KV, T, D] of core step `step` (a Python int, or traced when group == 1), layer l."""
+  if isinstance(step, int):
+    k, v = cache.core[layout.core_buffer(step % layout.group, l)]
+    g = step // layout.group
+    return k[g], v[g]
+  if layout.group != 1:
+    raise ValueError("a traced step index needs a cache laid out with group=1")
+  k, v = cache.core[l]
+  return (jax.lax.dynamic_index_in_dim(k, step, 0, keepdims=False),
+          jax.lax.dynamic_index_in_dim(v, step, 0, keepdims=False))
+
+
+def prelude_ctx(cache: KVCache, mask):
+  """ctx_fn of the prelude stack attending to the committed prefix under mask [B, S, T]."""
+  return lambda l: [(cache.prelude[l][0], cache.prelude[l][1], mask)]
+
+
+def core_ctx(cache: KVCache, layout: CacheLayout, step, mask):
+  return lambda l: [core_slot(cache, layout, step, l) + (mask,)]
+
+
+def coda_ctx(cache: KVCache, readout: int, mask):
+  return lambda l: [(cache.coda[l][0][readout], cache.coda[l][1][readout], mask)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Writing positions (in place: one scatter per buffer)
+# ---------------------------------------------------------------------------------------------------
+def ordered(index, dep, out_of_range: int):
+  """`index` made data-dependent on `dep`, a value computed from the reads that must precede a write.
+
+  A layer's new k/v are computed BEFORE its attention reads the cache, so nothing orders the in-place write of
+  a buffer after the read of the same buffer, and XLA then copies the whole buffer to keep the read's value
+  (an optimization barrier does not survive to copy insertion on CPU). Routing the write's index through a
+  value of the layer's output orders it; a NaN output drops the write (index out of range, mode="drop").
+  """
+  probe = jnp.ravel(dep)[0]
+  return jnp.where(probe == probe, index, out_of_range)
+
+
+def _scatter(buf, lead, k, pos):
+  """buf [*lead?, B, KV, T, D] <- k [B, S, KV, D] at per-request positions pos [B, S] (index `lead`)."""
+  b = k.shape[0]
+  bidx = jnp.arange(b)[:, None]
+  k = k.astype(buf.dtype)
+  if lead is None:
+    return buf.at[bidx, :, pos].set(k, mode="drop")
+  return buf.at[lead, bidx, :, pos].set(k, mode="drop")
+
+
+def _write(pairs, idx, lead, k, v, pos):
+  pairs = list(pairs)
+  kb, vb = pairs[idx]
+  pairs[idx] = (_scatter(kb, lead, k, pos), _scatter(vb, lead, v, pos))
+  return tuple(pairs)
+
+
+def write_prelude(cache: KVCache, k, v, pos) -> KVCache:
+  """Writes a prelude stack's entries k/v [L, B, S, KV, D] at positions pos [B, S]."""
+  pre = cache.prelude
+  for l in range(k.shape[0]):
+    pre = _write(pre, l, None, k[l], v[l], pos)
+  return cache.replace(prelude=pre)
+
+
+def write_core(cache: KVCache, layout: CacheLayout, step, k, v, pos) -> KVCache:
+  """Writes core step `step`'s entries k/v [L, B, S, KV, D] (int step, or traced when group == 1)."""
+  core = cache.core
+  for l in range(k.shape[0]):
+    if isinstance(step, int):
+      core = _write(core, layout.core_buffer(step % layout.group, l), step // layout.group, k[l], v[l], pos)
+    else:
+      core = _write(core, l, step, k[l], v[l], pos)
+  return cache.replace(core=core)
+
+
+def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> KVCache:
+  """Writes the entries of several core steps at once: k/v [n_steps, L, B, S, KV, D] for steps [n_steps]
+  (traced, group == 1) at positions pos [B, S]: one in-place scatter per buffer, after a loop over steps
+  that only READ the cache (a loop carrying the cache makes XLA copy every buffer at its boundary)."""
+  if layout.group != 1:
+    raise ValueError("write_core_steps needs a cache laid out with group=1")
+  b = k.shape[2]
+  idx = (steps[:, None, None], jnp.arange(b)[None, :, None], slice(None), pos[None])
+  core = tuple((kb.at[idx].set(k[:, l].astype(kb.dtype), mode="drop"),
+                vb.at[idx].set(v[:, l].astype(vb.dtype), mode="drop")) for l, (kb, vb) in enumerate(cache.core))
+  return cache.replace(core=core)
+
+
+def run_core_steps(params, cache: KVCache, layout: CacheLayout, s, e, pos, self_mask, mask, first: int, last: int,
+                   cfg: ModelConfig):
+  """Core steps first..last-1 of queries at positions pos [B, S] attending to the cache under mask [B, S, T]
+  (and to each other under self_mask); returns (s, cache with the steps' entries written)."""
+  def step(s, i):
+    s, k, v = M.core_step(params, s, e, pos, self_mask, core_ctx(cache, layout, i, mask), cfg)
+    return s, (k, v)
+
+  steps = jnp.arange(first, last)
+  s, (k, v) = jax.lax.scan(step, s, steps)
+  return s, write_core_steps(cache, layout, steps, k, v, pos)
+
+
+def write_coda(cache: KVCache, readout: int, k, v, pos) -> KVCache:
+  coda = cache.coda
+  for l in range(k.shape[0]):
+    coda = _write(coda, l, readout, k[l], v[l], pos)
+  return cache.replace(coda=coda)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prefill
+# ---------------------------------------------------------------------------------------------------
+def _write_block(buf, lead, k):
+  """buf [*lead?, B, KV, T, D] <- k [B, S, KV, D] at positions 0..S-1 (dynamic_update_slice, in place)."""
+  k = k.transpose(0, 2, 1, 3).astype(buf.dtype)  # [B, KV, S, D]
+  if lead is None:
+    return jax.lax.dynamic_update_slice(buf, k, (0, 0, 0, 0))
+  return jax.lax.dynamic_update_slice(buf, k[None], (lead, 0, 0, 0, 0))
+
+
+def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, layout: CacheLayout, readout_depths: tuple,
+            noise=None) -> KVCache:
+  """Runs the prompt tokens [B, Tp] through every depth, filling every buffer for positions 0..Tp-1.
+
+  Coda buffers are filled for each depth of `readout_depths` (one coda cache per readout depth). Entries of
+  padded positions are garbage that decoders mask out (keys at positions >= the decoding position).
+  A fori_loop over the G step blocks runs the `group` steps of a block unrolled, so every write is an
+  in-place dynamic_update_slice of its own buffer.
+  """
+  params = M.prepare_params(params, cfg)
+  b, tp = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(tp), (b, tp))
+  mask = M.causal_mask(lengths, tp)
+  none = lambda l: []
+  e, k, v = M.pre(params, tokens, pos, mask, none, cfg)
+  pre = tuple((_write_block(cache.prelude[l][0], None, k[l]), _write_block(cache.prelude[l][1], None, v[l]))
+              for l in range(layout.n_prelude))
+  s = M.initial_state(e, cfg, noise)
+
+  def block_of_steps(g, carry):
+    s, core, states = carry
+    core = list(core)
+    for j in range(layout.group):
+      s, k, v = M.core_step(params, s, e, pos, mask, none, cfg)
+      for l in range(layout.n_core):
+        kb, vb = core[layout.core_buffer(j, l)]
+        core[layout.core_buffer(j, l)] = (_write_block(kb, g, k[l]), _write_block(vb, g, v[l]))
+      states = [jnp.where(g * layout.group + j + 1 == r, s, st) for r, st in zip(readout_depths, states)]
+    return s, tuple(core), states
+
+  states0 = [jnp.zeros_like(s) for _ in readout_depths]
+  _, core, states = jax.lax.fori_loop(0, layout.n_groups, block_of_steps, (s, cache.core, states0))
+  cache = cache.replace(prelude=pre, core=core)
+  coda = cache.coda
+  for ridx, st in enumerate(states):
+    _, k, v = M.post(params, st, pos, mask, none, cfg)
+    coda = tuple((_write_block(coda[l][0], ridx, k[l]), _write_block(coda[l][1], ridx, v[l]))
+                 for l in range(layout.n_coda))
+  return cache.replace(coda=coda)

@@ -1,0 +1,185 @@
+"""Transformer building blocks shared by every looped family: RMSNorm, RoPE, attention, MLP, blocks.
+
+All functions are pure and work on explicit parameter dicts. Norms, softmax and logits run in float32.
+Attention takes its keys/values as a list of *segments* (cached prefix, speculative tree entries, the
+queries' own new keys), each with its own boolean mask, so the same block serves full-sequence forwards,
+prefill, autoregressive decoding and tree-masked speculative lanes without copying caches together.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+
+NEG_INF = -1e30
+UNROLL_LAYERS = 0
+
+
+def rms_norm(x, w, eps):
+  """RMSNorm computed in float32, returned in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (w.astype(jnp.float32) * y).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig):
+  """Inverse RoPE frequencies theta^(-2i/D), with llama3 frequency scaling when configured."""
+  d = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  if cfg.rope_llama3 is not None:
+    factor, low_ff, high_ff, old_ctx = cfg.rope_llama3
+    low_wavelen = old_ctx / low_ff
+    high_wavelen = old_ctx / high_ff
+    wavelen = 2 * math.pi / inv
+    smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff)
+    smoothed = (1 - smooth) * inv / factor + smooth * inv
+    inv = jnp.where(wavelen > low_wavelen, inv / factor, jnp.where(wavelen < high_wavelen, inv, smoothed))
+  return inv
+
+
+def apply_rope(x, pos, cfg: ModelConfig):
+  """Rotates x [..., S, heads, D] by positions pos [..., S] (rotate_half or interleaved layout)."""
+  inv = rope_inv_freq(cfg)
+  ang = pos.astype(jnp.float32)[..., None] * inv  # [..., S, D/2]
+  cos = jnp.cos(ang)[..., None, :]
+  sin = jnp.sin(ang)[..., None, :]
+  xf = x.astype(jnp.float32)
+  if cfg.rope_interleaved:
+    x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(xf.shape)
+  else:
+    half = xf.shape[-1] // 2
+    x1, x2 = xf[..., :half], xf[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+# (k, v, mask): k/v [B, KV, T, D] shared by all queries, or [B, S, KV, T, D] per query (speculative lanes,
+# each reading its own recurrent step's slot); mask [B, S, T] bool. Heads before positions so that a
+# gathered slot feeds the attention dot without a transpose.
+Segment = tuple
+
+
+def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
+  """Softmax attention of q [B, S, H, D] over the union of key/value segments (GQA-aware)."""
+  b, s, h, d = q.shape
+  kvh = cfg.num_kv_heads
+  qg = q.reshape(b, s, kvh, h // kvh, d)
+  scale = 1.0 / math.sqrt(d)
+  scores = []
+  for k, _, mask in segments:
+    eq = "bskgd,bsktd->bkgst" if k.ndim == 5 else "bskgd,bktd->bkgst"
+    sc = jnp.einsum(eq, qg, k, preferred_element_type=jnp.float32) * scale
+    scores.append(jnp.where(mask[:, None, None], sc, NEG_INF))
+  sizes = [sc.shape[-1] for sc in scores]
+  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+  out = 0.0
+  start = 0
+  for (_, v, _), n in zip(segments, sizes):
+    pr = probs[..., start:start + n].astype(v.dtype)
+    eq = "bkgst,bsktd->bskgd" if v.ndim == 5 else "bkgst,bktd->bskgd"
+    out = out + jnp.einsum(eq, pr, v, preferred_element_type=jnp.float32)
+    start += n
+  return out.reshape(b, s, h * d).astype(q.dtype)
+
+
+def attention_sublayer(p, x, pos, self_mask, ctx: Sequence[Segment], cfg: ModelConfig):
+  """Projects x to q/k/v (q/k norm, q/k bias, RoPE as the family does), attends, projects out.
+
+  Returns (output [B, S, E], (k, v)) where k/v [B, S, KV, D] are the entries to cache (post-RoPE).
+  """
+  b, s, _ = x.shape
+  h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  q = x @ p["wq"]
+  k = x @ p["wk"]
+  v = x @ p["wv"]
+  if cfg.qk_norm:  # OLMo-2: RMSNorm over the full projection width, before the head split
+    q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+    k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+  q = q.reshape(b, s, h, d)
+  k = k.reshape(b, s, kvh, d)
+  v = v.reshape(b, s, kvh, d)
+  if cfg.qk_bias:  # Huginn: learned bias added before RoPE
+    q = q + p["qk_bias"][0].astype(q.dtype)
+    k = k + p["qk_bias"][1].astype(k.dtype)
+  q = apply_rope(q, pos, cfg)
+  k = apply_rope(k, pos, cfg)
+  if callable(ctx):  # a custom attention (e.g. LoopSpec's grouped lane attention) over its own context
+    o = ctx(q, k, v)
+  else:
+    own = (k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), self_mask)
+    o = attention(q, list(ctx) + [own], cfg)
+  return o @ p["wo"], (k, v)
+
+
+def mlp(p, x):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  g = x @ p["w_gate"]
+  u = x @ p["w_up"]
+  return (jax.nn.silu(g.astype(jnp.float32)).astype(x.dtype) * u) @ p["w_down"]
+
+
+def block(p, x, pos, self_mask, ctx, cfg: ModelConfig):
+  """One transformer block in the family's norm placement; returns (x, (k, v))."""
+  eps = cfg.norm_eps
+  style = cfg.block_style
+  if style == "ouro":
+    a, kv = attention_sublayer(p, rms_norm(x, p["norm_1"], eps), pos, self_mask, ctx, cfg)
+    x = x + rms_norm(a, p["norm_2"], eps)
+    x = x + rms_norm(mlp(p, rms_norm(x, p["norm_3"], eps)), p["norm_4"], eps)
+  elif style == "huginn":
+    a, kv = attention_sublayer(p, rms_norm(x, p["norm_1"], eps), pos, self_mask, ctx, cfg)
+    x = rms_norm(x + a, p["norm_2"], eps)
+    x = rms_norm(x + mlp(p, rms_norm(x, p["norm_3"], eps)), p["norm_4"], eps)
+  elif style == "llama":
+    a, kv = attention_sublayer(p, rms_norm(x, p["norm_1"], eps), pos, self_mask, ctx, cfg)
+    x = x + a
+    x = x + mlp(p, rms_norm(x, p["norm_2"], eps))
+  elif style == "olmo":
+    a, kv = attention_sublayer(p, x, pos, self_mask, ctx, cfg)
+    x = x + rms_norm(a, p["norm_1"], eps)
+    x = x + rms_norm(mlp(p, x), p["norm_2"], eps)
+  else:
+    raise ValueError(f"unknown block style {style!r}")
+  return x, kv
+
+
+CtxFn = Callable[[jax.Array], Sequence[Segment]]
+
+
+def no_context(_layer):
+  return []
+
+
+def run_stack(stack, x, pos, self_mask, ctx_fn: CtxFn, cfg: ModelConfig):
+  """Applies a stack of blocks. Returns (x, k [L,B,S,KV,D], v).
+
+  `stack` is either the stored form (params stacked on a leading layer axis: a lax.scan, ctx_fn gets a traced
+  layer index) or the decode form of `looped.prepare_params` (a tuple of per-layer dicts: a Python loop, ctx_fn
+  gets the layer as an int, so each layer may read its own cache buffer whole). ctx_fn(l) gives the cached
+  key/value segments layer l attends to, or a callable attend(q, k, v) -> [B, S, H*D].
+  """
+  if isinstance(stack, (tuple, list)):
+    ks, vs = [], []
+    for l, p in enumerate(stack):
+      x, (k, v) = block(p, x, pos, self_mask, ctx_fn(l), cfg)
+      ks.append(k)
+      vs.append(v)
+    if not ks:
+      empty = jnp.zeros((0,) + x.shape[:2] + (cfg.num_kv_heads, cfg.head_dim), x.dtype)
+      return x, empty, empty
+    return x, jnp.stack(ks), jnp.stack(vs)
+  n = jax.tree_util.tree_leaves(stack)[0].shape[0]
+
+  def body(h, inp):
+    p, l = inp
+    h, (k, v) = block(p, h, pos, self_mask, ctx_fn(l), cfg)
+    return h, (k, v)
+
+  # Small stacks are unrolled: on CPU a loop iteration costs as much as a tiny layer.
+  x, (ks, vs) = jax.lax.scan(body, x, (stack, jnp.arange(n)), unroll=bool(n <= UNROLL_LAYERS))
+  return x, ks, vs
