@@ -198,8 +198,6 @@ class TraceCountTest(chex.TestCase):
 class ScriptTest(chex.TestCase):
 
   def test_generate_script_main(self):
-    from absl import flags
-
     from loopspec_jax.configs import generate as gen_config
     from loopspec_jax.experiments import generate as script
     _, oracle = fixture("huginn_tiny")
@@ -211,12 +209,12 @@ class ScriptTest(chex.TestCase):
     try:
       # config_flags discovers the --config.* overrides in sys.argv (not in the list given to FLAGS).
       with mock.patch.object(sys, "argv", argv):
-        rest = flags.FLAGS(argv)
+        rest = script.FLAGS(argv)
       with redirect_stdout(out):
         script.main(rest)
       self.assertEqual(script._CONFIG.value.max_new_tokens, N_NEW)
     finally:
-      flags.FLAGS.unparse_flags()
+      script.FLAGS.unparse_flags()
     text = out.getvalue()
     self.assertIn(f"output ids: {oracle['greedy_tokens'].tolist()}", text)
     self.assertIn("tokens/s", text)

@@ -1,10 +1,10 @@
-"""Sharded decoding on 8 simulated CPU devices: outputs equal one device's, layouts follow the rules, each
-configuration traces once, and the memory plan equals the real per-device bytes.
+"""Sharded decoding on 8 simulated CPU devices: outputs equal one device's, layouts follow the declared axes
+and the rules, each configuration traces once, and the memory plan equals the real per-device bytes.
 
 The 8 devices need XLA_FLAGS before jax initialises its backend, but a pytest session shares one process
 whose other modules initialise jax first; so the device checks run in subprocesses (this file run as a
 script with --worker, two at once, see WORKERS) and report JSON that the tests below assert on. The rule
-functions themselves are checked in-process.
+functions and the reading of declared axes are checked in-process.
 """
 import json
 import os
@@ -13,19 +13,31 @@ import sys
 import tempfile
 import time
 
+import jax
+from jax.sharding import AxisType, PartitionSpec as P
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from loopspec_jax import api
+from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
+from loopspec_jax.configs.models import model_config
+from loopspec_jax.decoding import autoregressive, chain, common
+from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
+from loopspec_jax.decoding.loopspec import state as loopspec
+from loopspec_jax.experiments import plan_memory
+from loopspec_jax.models import looped
+from loopspec_jax.parallel import sharding
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
 
 MESHES = [None, (8, 1), (4, 2), (2, 4), (1, 8)]
 FAMILIES = {
-    # configs/models module, LoopSpec settings, chain settings, mesh of the sampled run and of the plan check
+    # model config spec, LoopSpec settings, chain settings, mesh of the sampled run and of the plan check
     # huginn on (1, 8): 4 heads / 4 KV heads do not divide 8 (replicated), MLP 48 and vocab 64 do.
     # ouro on (2, 4): 4 heads, MLP and vocab split, 2 KV heads replicated; 3 requests padded to 4.
-    "huginn": ("tiny_huginn", {"d1": 2, "d2": 4}, {"d1": 1, "gamma": 2}, (1, 8)),
-    "ouro": ("tiny_ouro", {"d1": 1, "d2": 2}, {"d1": 1, "gamma": 2}, (2, 4)),
+    "huginn": ("huginn:tiny", {"d1": 2, "d2": 4}, {"d1": 1, "gamma": 2}, (1, 8)),
+    "ouro": ("ouro:tiny", {"d1": 1, "d2": 2}, {"d1": 1, "gamma": 2}, (2, 4)),
 }
 N_NEW = 8
 SAMPLING = {"temperature": 1.0, "top_p": 0.9, "seed": 7}
@@ -45,7 +57,6 @@ WORKERS = {"a": [("huginn", "greedy")], "b": [("ouro", "greedy"), ("ouro", "samp
 
 
 def _worker(name: str, out_path: str):
-  import jax
   assert jax.device_count() == 8, jax.devices()
   report = {}
   for family, part in WORKERS[name]:
@@ -59,19 +70,8 @@ _PLANS = {}
 
 
 def _family_part(family: str, part: str, report: dict):
-  import importlib
-  import numpy as np
-  import jax
-  from loopspec_jax import api
-  from loopspec_jax.decoding import common
-  from loopspec_jax.decoding.loopspec import state as loopspec
-  from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
-  from loopspec_jax.parallel import sharding
-  from loopspec_jax.config import from_config_dict
-  from loopspec_jax.experiments import plan_memory
-
-  module, ls_kw, ch_kw, special = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
+  spec, ls_kw, ch_kw, special = FAMILIES[family]
+  cfg = model_config(spec)
   model = api.from_config(cfg, 0, contraction=0.05)
   v = cfg.vocab_size
   prompts = [[int(t) for t in (np.arange(n) * m + 3) % v] for n, m in ((5, 7), (11, 13), (3, 5))]  # B=3: padded
@@ -115,29 +115,31 @@ def _family_part(family: str, part: str, report: dict):
       name: {jax.tree_util.keystr(p): _spec_of_sharding(s) for p, s in
              jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))[0]}
       for name, tree in sharding.LAST_SHARDINGS.items()}
+  report["state_meshes"] = {name: list(jax.tree_util.tree_leaves(tree)[0].mesh.shape.values())
+                            for name, tree in sharding.LAST_SHARDINGS.items()}
   report["traces"] = sum(sharding.TRACES.values())
   report["cache_sizes"] = [[n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
                            for n, m, st, c in sharding.jit_cache_sizes() if st["cfg"] == cfg]
   report["n_wrappers"] = n_wrappers()
 
-  # Memory plan vs the real per-device bytes of the LoopSpec state of that run (same shapes: no compile).
+  # Memory plan vs the real per-device bytes of the greedy LoopSpec state of that run (same shapes and the same
+  # decoder as `generate` builds: the compiled prefill and initial state are reused).
   padded, rid, n = sharding.pad_requests(prompts, None, mesh)
   tp, total = common.buckets([len(p) for p in padded], N_NEW, cfg)
   prompt_arr, len_arr = common.batch_prompts(padded, tp)
   sp = common.make_sampling_params(len(padded), N_NEW, 0.0, 0, 1.0, 0, None, rid)
   d1, d2 = ls_kw["d1"], ls_kw.get("d2")
-  readouts = (d1, d2, cfg.recurrence) if d2 else (d1, cfg.recurrence)
   cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
+  dec = plan_memory.make_decoder(cfg, "loopspec", d1, d2, cap, greedy=True)
   traces0 = sum(sharding.TRACES.values())
-  cache, tokens = sharding.entry(common.prefill_state, mesh)(params, prompt_arr, len_arr, sp, cfg=cfg,
-                                                         readout_depths=readouts, total_len=total, random_init=False)
-  st = sharding.entry(loopspec.initial_state, mesh)(cache, tokens, len_arr, sp, cfg=cfg, capacity=cap,
-                                                    readouts=readouts)
+  cache, tokens = sharding.entry(common.prefill_state, mesh)(
+      params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=dec.readout_depths,
+      total_len=total + dec.extra_positions, random_init=False, cache_group=dec.cache_group)
+  st = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
   report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0
   sp_placed = sharding.place(sp, sharding.state_shardings(sp, cfg, mesh))
   real = {"params": params, "committed_kv": st.cache, "spec_kv": st.spec, "lanes": st.lanes,
-          "other": ({k: getattr(st, k) for k in ("tokens", "length", "n_new", "done", "limit", "stats", "iterations")},
-                    sp_placed)}
+          "other": (st.replace(cache=None, spec=None, lanes=None), sp_placed)}
   per_device = {}
   for cat, tree in real.items():
     by_dev = {}
@@ -146,7 +148,7 @@ def _family_part(family: str, part: str, report: dict):
         by_dev[shard.device.id] = by_dev.get(shard.device.id, 0) + shard.data.nbytes
     per_device[cat] = sorted(set(by_dev.values()))
   report["real_bytes_per_device"] = per_device
-  row = plan_memory.plan_row(cfg, len(prompts), total, special, "loopspec", sharding.RULES, d1, d2, cap)
+  row = plan_memory.plan_row(cfg, len(prompts), total, special, "loopspec", sharding.RULES, d1, d2, cap, greedy=True)
   report["plan_row"] = {k: row[k] for k in real} | {"total": row["total"], "padded_batch": row["padded_batch"]}
 
 
@@ -211,11 +213,9 @@ def _expect(dim_units, size):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_parameters_sharded_as_the_rules_say(reports, family):
-  import importlib
-  from loopspec_jax.config import from_config_dict
   rep = reports[family]
-  module, _, _, (data, model) = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
+  spec, _, _, (data, model) = FAMILIES[family]
+  cfg = model_config(spec)
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
   heads, kv, mlp, vocab = (_expect(cfg.num_heads, model), _expect(cfg.num_kv_heads, model),
                            _expect(cfg.intermediate_size, model), _expect(cfg.vocab_size, model))
@@ -236,42 +236,60 @@ def test_parameters_sharded_as_the_rules_say(reports, family):
   assert (heads, kv) == ((None, None) if family == "huginn" else ("model", None))
 
 
+_PREFILL = "loopspec_jax.decoding.common.prefill_state"
+_LOOPS = {m: f"loopspec_jax.decoding.{m}.decode_loop" for m in ("autoregressive", "chain")}
+_LOOPS["loopspec"] = "loopspec_jax.decoding.loopspec.tick.decode_loop"
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_decode_state_sharded_as_the_rules_say(reports, family):
-  import importlib
-  from loopspec_jax.config import from_config_dict
+def test_decode_state_sharded_as_declared(reports, family):
+  """Every leaf of the recorded states (prefill's cache, each decode loop's state) lies as its dataclass field
+  declares, mapped by the rules: per-buffer KV [G | nR, B, KV, T | N, D], lanes [B, N, ...], counters [B]."""
   rep = reports[family]
-  module, _, _, (data, model) = FAMILIES[family]
-  cfg = from_config_dict(importlib.import_module(f"loopspec_jax.configs.models.{module}").get_config())
-  kv = _expect(cfg.num_kv_heads, model)
-  vocab = _expect(cfg.vocab_size, model)
-  st = rep["state_specs"]
-  pre = st["loopspec_jax.decoding.common.prefill_state"]
-  assert pre["[0]['k']"] == [None, "data", kv, None, None]  # cache [n_slots, B, KV, T, D]
-  assert pre["[1]"] == ["data", None]  # tokens [B, T]
-  dec = st["loopspec_jax.decoding.loopspec.decoder.decode_loop"]
-  assert dec[".cache['k']"] == [None, "data", kv, None, None]
-  assert dec[".spec['v']"] == [None, "data", kv, None, None]  # speculative KV [n_slots, B, KV, N, D]
-  assert dec[".lanes.q1"] == ["data", None, vocab]
-  assert dec[".lanes.anc"] == ["data", None, None]
-  assert dec[".lanes.s"] == ["data", None, None]
-  assert dec[".tokens"] == ["data", None]
-  assert dec[".stats.ticks"] == ["data"]
-  assert dec[".iterations"] == []
+  cfg = model_config(FAMILIES[family][0])
+  st, meshes = rep["state_specs"], rep["state_meshes"]
+
+  def expect(name):  # (batch, kv_heads, vocab) mesh axes on the mesh the entry last ran on
+    data, model = meshes[name]
+    return "data", _expect(cfg.num_kv_heads, model), _expect(cfg.vocab_size, model)
+
+  b, kv, _ = expect(_PREFILL)
+  pre = st[_PREFILL]  # (cache, tokens) of LoopSpec's prefill (the last one run)
+  assert pre["[0].core[0][0]"] == [None, b, kv, None, None]  # [G, B, KV, T, D]
+  if cfg.is_raven:  # Ouro has no prelude and coda stacks
+    assert pre["[0].prelude[0][0]"] == [b, kv, None, None]  # [B, KV, T, D]
+    assert pre["[0].coda[0][1]"] == [None, b, kv, None, None]  # [n_readouts, B, KV, T, D]
+  assert pre["[1]"] == [b, None]  # tokens [B, T]
+  for name in _LOOPS.values():
+    b, kv, vocab = expect(name)
+    dec = st[name]
+    assert dec[".cache.core[0][0]"] == [None, b, kv, None, None]
+    assert dec[".tokens"] == [b, None]
+    assert dec[".done"] == [b]
+    assert dec[".iterations"] == []
+  b, kv, vocab = expect(_LOOPS["loopspec"])
+  dec = st[_LOOPS["loopspec"]]
+  assert dec[".spec.core[0][1]"] == [None, b, kv, None, None]  # speculative KV [G, B, KV, N, D]
+  assert dec[".lanes.q1"] == [b, None, vocab]  # greedy: [B, N, 0]
+  assert dec[".lanes.anc"] == [b, None, None]
+  assert dec[".lanes.s"] == [b, None, None]
+  assert dec[".stats.ticks"] == [b]
+  assert dec[".limit"] == [b]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_configuration_traces_once(reports, family):
   rep = reports[family]
-  # 4 meshes x (3 prefills (one per readout set) + 3 greedy decode loops + LoopSpec's initial state).
-  assert rep["n_wrappers"] == 4 * 7
+  # 4 meshes x 3 methods x (prefill (one per readout set), initial state, greedy decode loop).
+  assert rep["n_wrappers"] == 4 * 3 * 3
   for name, mesh, static, size in rep["cache_sizes"]:
     assert size == 1, (name, mesh, static)  # one compiled program per wrapper
   assert rep["traces"] == rep["n_wrappers"]  # each traced once (counted before the sampled runs)
   assert rep["rerun_traces"] == 0 and rep["plan_extra_traces"] == 0  # reruns reuse the programs
   assert rep["rerun_tokens"] == rep["greedy"]["None|ar"]
-  # The sampled runs (another worker for huginn) add just 3 sampled decode loops, or 7 in a fresh process.
-  assert rep["sampled_new_wrappers"] == (3 if family == "ouro" else 7)
+  # The sampled runs add 3 sampled decode loops and LoopSpec's sampled initial state (its lanes hold [B, N, V]
+  # distributions) on a mesh the greedy runs used (ouro), or 3 x 3 wrappers in a fresh process (huginn).
+  assert rep["sampled_new_wrappers"] == (4 if family == "ouro" else 9)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -285,30 +303,78 @@ def test_plan_memory_matches_real_bytes(reports, family):
 
 
 # ---------------------------------------------------------------------------------------------------
-# In-process checks of the rules (no devices needed)
+# In-process checks of the rules and of the declared axes (no devices needed)
 # ---------------------------------------------------------------------------------------------------
 def test_logical_spec_fallback_and_whole_heads():
-  from jax.sharding import PartitionSpec as P
-  from loopspec_jax.parallel import sharding
-  from loopspec_jax.config import from_config_dict
-  from loopspec_jax.configs.models import huginn_0125
-  cfg = from_config_dict(huginn_0125.get_config())
+  cfg = model_config("huginn:0125")
   sizes = {"data": 2, "model": 4}
   # 55 heads do not divide over 4 devices: replicated, although 55 * 96 = 5280 would split (mid-head).
   assert sharding.logical_spec(("layers", "embed", "heads"), (4, 5280, 5280), sizes, cfg=cfg) == P(None, None, None)
   assert sharding.logical_spec(("layers", "embed", "mlp"), (4, 5280, 17920), sizes, cfg=cfg) == P(None, None, "model")
   assert sharding.logical_spec(("batch", "length"), (3, 8), sizes) == P(None, None)  # 3 requests: replicated
   assert sharding.logical_spec(("batch", "length"), (4, 8), sizes) == P("data", None)
-  # A mesh axis is used once per array; custom rules can move an axis.
+  assert sharding.logical_spec((), (), sizes) == P()
+  # A mesh axis is used once per array (the first rule wins); custom rules can move an axis.
   rules = sharding.normalize_rules({"heads": "model", "vocab": "model", "embed": None})
   assert sharding.logical_spec(("heads", "vocab"), (8, 8), sizes, rules) == P("model", None)
+  assert sharding.logical_spec(("vocab", "heads"), (8, 8), sizes, rules) == P(None, "model")
+  # When the first rule's dimension does not divide, the axis goes to the next one that does.
+  assert sharding.logical_spec(("heads", "vocab"), (6, 8), sizes, rules) == P(None, "model")
+  # A later rule of the same name is the fallback of an earlier one; axes missing from the mesh are ignored.
+  rules = (("batch", ("data", "model")), ("batch", "data"), ("mlp", ("model", "pipe")))
+  assert sharding.logical_spec(("batch", "mlp"), (8, 12), sizes, rules) == P(("data", "model"), None)
+  assert sharding.logical_spec(("batch", "mlp"), (6, 12), sizes, rules) == P("data", "model")
+  # Unsharded names may repeat ([E, E]); the mapping is flax's.
+  assert sharding.logical_spec(("embed", "embed"), (8, 8), sizes) == P(None, None)
+  names, fitted = sharding.fit_rules(("batch", "heads", "head_dim"), (4, 55, 96), sizes, cfg=cfg)
+  assert names == ("batch", None, None) and fitted == (("batch", "data"), ("head_dim", None))
   assert sharding.shard_shape((4, 8, 12), P("data", None, "model"), sizes) == (2, 8, 3)
 
 
+def _abstract_states(cfg, batch=4, total=32):
+  """{method: eval_shape of its (cache, tokens) prefill and its initial state} for AR, chain and LoopSpec."""
+  decoders = {"ar": autoregressive.make_decoder(cfg, greedy=False, random_init=False),
+              "chain": chain.make_decoder(cfg, greedy=False, random_init=False, d1=1, gamma=2),
+              "loopspec": loopspec_decoder.make_decoder(cfg, greedy=False, random_init=False, d1=2, d2=4,
+                                                        lane_capacity=None)}
+  sp = jax.eval_shape(lambda: common.make_sampling_params(batch, 1, 1.0, 0, 1.0, 0, None))
+  prompt, lengths = jax.ShapeDtypeStruct((batch, 8), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32)
+  out = {}
+  for method, dec in decoders.items():
+    prefill = lambda *a, dec=dec: common.prefill_state(
+        *a, cfg=cfg, readout_depths=dec.readout_depths, total_len=total + dec.extra_positions, random_init=False,
+        cache_group=dec.cache_group)
+    cache, tokens = jax.eval_shape(prefill, looped.abstract_params(cfg), prompt, lengths, sp)
+    out[method] = (cache, jax.eval_shape(lambda *a, dec=dec: dec.init(*a, **dec.init_kw), cache, tokens, lengths, sp))
+  return out, sp
+
+
+def test_state_axes_are_the_declared_ones():
+  """Every decoder's state and the sampling parameters are covered by declarations; every declared name is a
+  rule of RULES (a misspelt name would silently replicate); a leaf outside any declaration raises, naming it."""
+  cfg = model_config("huginn:tiny")
+  states, sp = _abstract_states(cfg)
+  known = {name for name, _ in sharding.RULES}
+  for method, tree in states.items():
+    axes = jax.tree_util.tree_leaves(sharding.tree_axes((tree, sp), "state"), is_leaf=lambda x: isinstance(x, P))
+    assert len(axes) == len(jax.tree_util.tree_leaves((tree, sp)))
+    names = {n for a in axes for n in a if n is not None}
+    assert names <= known, (method, names - known)
+  cache, st = states["loopspec"]
+  axes = sharding.tree_axes(st, "state")
+  assert tuple(axes.cache.core[0][1]) == ("groups", "batch", "kv_heads", "length", "head_dim")
+  assert tuple(axes.spec.coda[0][0]) == ("readouts", "batch", "kv_heads", "lanes", "head_dim")
+  assert tuple(axes.lanes.anc) == ("batch", "lanes", None) and tuple(axes.iterations) == ()
+  assert tuple(axes.stats.live_max) == ("batch",)
+  assert tuple(sharding.tree_axes(sp, "state").base_key) == ("key",)
+  # Nothing is guessed: a plain array (or a dict of them) has no declaration.
+  with pytest.raises(ValueError, match=r"no logical axes declared for leaf \[0\]\['done'\]"):
+    sharding.tree_axes(({"done": st.done}, sp), "state")
+  with pytest.raises(ValueError, match=r"LaneTable.alive declares logical axes \('batch', 'lanes'\)"):
+    sharding.tree_axes(st.replace(lanes=st.lanes.replace(alive=jax.ShapeDtypeStruct((4,), bool))), "state")
+
+
 def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
-  import jax
-  from jax.sharding import AxisType
-  from loopspec_jax.parallel import sharding
   mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
   p = sharding.plan(mesh)
   assert all(t == AxisType.Auto for t in p.mesh.axis_types) and p.rules == sharding.RULES
@@ -318,9 +384,6 @@ def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
 
 
 def test_pad_and_drop_requests():
-  import jax
-  from loopspec_jax import api
-  from loopspec_jax.parallel import sharding
   p = sharding.plan(sharding.make_mesh((1, 1), devices=jax.devices()[:1]))
   assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
   prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
@@ -333,15 +396,14 @@ def test_pad_and_drop_requests():
 
 
 def test_mesh_configs_build_rules():
-  from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
-  from loopspec_jax.parallel import sharding
   assert tuple(v4_8.get_config().mesh_shape) == (2, 2)
   assert tuple(v5e_8.get_config().mesh_shape) == (2, 4)
   assert tuple(v5e_16.get_config().mesh_shape) == (4, 4)
-  assert tuple(cpu8.get_config("data=8,model=1").mesh_shape) == (8, 1)
-  assert tuple(v5e_8.get_config("1,8").mesh_shape) == (1, 8)
+  assert tuple(cpu8.get_config("8x1").mesh_shape) == (8, 1)
+  assert tuple(v5e_8.get_config("1x8").mesh_shape) == (1, 8)
   assert sharding.rules_from_config(v5e_8.get_config()) == sharding.RULES
-
+  with pytest.raises(ValueError, match="DATAxMODEL"):
+    cpu8.get_config("8,1")
 
 if __name__ == "__main__":
   if len(sys.argv) == 4 and sys.argv[1] == "--worker":

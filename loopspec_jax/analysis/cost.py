@@ -774,7 +774,7 @@ def compile_decode_loop(cfg: ModelConfig, method: str, *, batch: int = 1, prompt
   total = cfg.max_len + dec.extra_positions
   cache, tokens = jax.eval_shape(
       functools.partial(common.prefill_state, cfg=cfg, readout_depths=dec.readout_depths, total_len=total,
-                        random_init=random_init), params, prompt, lengths, sp)
+                        random_init=random_init, cache_group=dec.cache_group), params, prompt, lengths, sp)
   state = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
   t0 = time.perf_counter()
   hlo = dec.loop.lower(params, state, sp, **dec.loop_kw).compile().as_text()

@@ -38,6 +38,70 @@ def greedy_token(logits):
   return jnp.min(jnp.where(x == m, jnp.arange(v, dtype=jnp.int32), v), axis=-1).astype(jnp.int32)
 
 
+def _exclusive_cumsum(x):
+  return jnp.concatenate([jnp.zeros_like(x[..., :1]), jnp.cumsum(x, axis=-1)[..., :-1]], axis=-1)
+
+
+def _scatter_last(values, index, v: int):
+  """zeros [..., V] with values [..., C] placed at index [..., C] (per leading row)."""
+  lead = values.shape[:-1]
+  flat = jax.vmap(lambda val, idx: jnp.zeros((v,), values.dtype).at[idx].set(val))(
+      values.reshape((-1, values.shape[-1])), index.reshape((-1, index.shape[-1])))
+  return flat.reshape(lead + (v,))
+
+
+def _filter_sorted(zs, k, tp, total):
+  """top-k / top-p on descending logits zs [..., C] (ties in index order); `total` [..., 1] is the sum of
+  exp(z - max) over the top-k set (softmax's own arithmetic). Returns (kept probabilities renormalised
+  [..., C], mass of all C before filtering)."""
+  rank = jnp.arange(zs.shape[-1], dtype=jnp.int32)
+  in_k = (k <= 0) | (rank < k)
+  ps = jnp.where(in_k, jnp.exp(zs - zs[..., :1]), 0.0) / total
+  # Token i is kept iff the mass strictly before it (descending order) is still below top_p.
+  keep = in_k & ((tp >= 1.0) | (_exclusive_cumsum(ps) < tp) | (rank == 0))
+  kept = jnp.where(keep, ps, 0.0)
+  return kept / jnp.sum(kept, axis=-1, keepdims=True), jnp.sum(ps, axis=-1, keepdims=True)
+
+
+def _filtered_full(z, k, tp):
+  """The reference path: a full stable sort of the vocabulary."""
+  v = z.shape[-1]
+  order = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
+  zs = jnp.take_along_axis(z, order, axis=-1)
+  in_k = (k <= 0) | (jnp.arange(v) < k)
+  total = jnp.sum(jnp.where(in_k, jnp.exp(zs - zs[..., :1]), 0.0), axis=-1, keepdims=True)
+  kept, _ = _filter_sorted(zs, k, tp, total)
+  return _scatter_last(kept, order, v)
+
+
+def _nucleus(z, tp):
+  """top-p without sorting (top_k = 0): bisection on the float32 bit pattern for the smallest probability value
+  tau whose mass strictly above it is below top_p; tokens above tau are kept, tokens equal to tau in index
+  order while the mass before them stays below top_p (the stable-sort rule), the rest dropped. 31 passes of
+  one compare-and-sum over the vocabulary instead of a sort (a full sort on CPU)."""
+  p = jax.nn.softmax(z, axis=-1)
+  above = lambda x: jnp.sum(jnp.where(p > x, p, 0.0), axis=-1, keepdims=True)  # mass strictly above x
+
+  def halve(_, lohi):
+    lo, hi = lohi
+    mid = lo + (hi - lo) // 2
+    below = above(jax.lax.bitcast_convert_type(mid, jnp.float32)) < tp
+    return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+  hi0 = jax.lax.bitcast_convert_type(jnp.max(p, axis=-1, keepdims=True), jnp.int32)
+  _, hi = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(hi0), hi0))
+  tau = jax.lax.bitcast_convert_type(hi, jnp.float32)
+  tied = jnp.where(p == tau, p, 0.0)
+  keep = (p > tau) | ((p == tau) & (above(tau) + cumsum_last(tied) - tied < tp)) | (first_max_onehot(z) > 0)
+  kept = jnp.where(keep, p, 0.0)
+  return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+
+def _filtered(z, k, tp):
+  """top-k (any k > 0: a full stable sort) or top-p alone (`_nucleus`: no sort)."""
+  return jax.lax.cond(jnp.any(k > 0), lambda: _filtered_full(z, k, tp), lambda: _nucleus(z, tp))
+
+
 def process_logits(logits, *, greedy: bool, temperature=1.0, top_k=0, top_p=1.0):
   """Turn logits [..., V] into float32 probabilities over the last axis.
 
@@ -45,11 +109,11 @@ def process_logits(logits, *, greedy: bool, temperature=1.0, top_k=0, top_p=1.0)
   temperature, keep the top_k largest (top_k <= 0: all; ties broken towards the lower index), softmax, keep
   the smallest descending-sorted prefix whose cumulative probability reaches top_p (the top token always;
   top_p >= 1: all), renormalise. temperature, top_k and top_p may be traced scalars or arrays of the leading
-  shape (per-row settings); they are applied with a sort and masks, never Python branches. A traced
-  temperature <= 0 also gives one-hot(argmax), so it cannot produce NaNs.
+  shape (per-row settings). Without top-k / top-p nothing is sorted (a plain softmax); top-p alone is decided by
+  a bisection on the probability threshold (no sort); top-k uses a full stable sort (`lax.cond` picks).
+  A traced temperature <= 0 also gives one-hot(argmax), so it cannot produce NaNs.
   """
   logits = jnp.asarray(logits, jnp.float32)
-  v = logits.shape[-1]
   onehot = first_max_onehot(logits)
   if greedy:
     return onehot
@@ -57,18 +121,8 @@ def process_logits(logits, *, greedy: bool, temperature=1.0, top_k=0, top_p=1.0)
   k = jnp.asarray(top_k, jnp.int32)[..., None]
   tp = jnp.asarray(top_p, jnp.float32)[..., None]
   z = logits / jnp.where(t > 0, t, 1.0)
-  # Descending order, equal values in index order (stable sort of the negation).
-  order = jnp.argsort(-z, axis=-1, stable=True)
-  zs = jnp.take_along_axis(z, order, axis=-1)
-  rank = jnp.arange(v, dtype=jnp.int32)
-  zs = jnp.where((k <= 0) | (rank < k), zs, -jnp.inf)
-  ps = jax.nn.softmax(zs, axis=-1)
-  # Exclusive cumulative sum: token i is kept iff the mass strictly before it is still below top_p.
-  before = jnp.concatenate([jnp.zeros_like(ps[..., :1]), jnp.cumsum(ps, axis=-1)[..., :-1]], axis=-1)
-  keep = (tp >= 1.0) | (before < tp) | (rank == 0)
-  ps = jnp.where(keep, ps, 0.0)
-  ps = ps / jnp.sum(ps, axis=-1, keepdims=True)
-  probs = jnp.take_along_axis(ps, jnp.argsort(order, axis=-1), axis=-1)
+  needs_filter = jnp.any((k > 0) | (tp < 1.0))
+  probs = jax.lax.cond(needs_filter, lambda: _filtered(z, k, tp), lambda: jax.nn.softmax(z, axis=-1))
   return jnp.where(t > 0, probs, onehot)
 
 
@@ -83,10 +137,25 @@ def sample_token(key, probs):
   return sample_with_uniform(jax.random.uniform(key, p.shape[:-1], jnp.float32), p)
 
 
+def cumsum_last(p, block: int = 32):
+  """Inclusive cumulative sum over the last axis as two small triangular matmuls (within blocks of `block`,
+  then block offsets): a few ops, where XLA CPU lowers jnp.cumsum to a quadratic reduce-window."""
+  v = p.shape[-1]
+  if v % block or v <= block:
+    return jax.lax.associative_scan(jnp.add, p, axis=-1)
+  blocks = p.reshape(p.shape[:-1] + (v // block, block))
+  tri = jnp.triu(jnp.ones((block, block), p.dtype))
+  within = jnp.einsum("...nb,bc->...nc", blocks, tri, precision=jax.lax.Precision.HIGHEST)
+  nb = v // block
+  offsets = jnp.einsum("...n,nm->...m", within[..., -1], jnp.triu(jnp.ones((nb, nb), p.dtype), 1),
+                       precision=jax.lax.Precision.HIGHEST)
+  return (within + offsets[..., None]).reshape(p.shape)
+
+
 def sample_with_uniform(u, probs):
   """The inverse-CDF draw of `sample_token` for a given uniform u in [0, 1) (shape: probs' leading dims)."""
   p = jnp.asarray(probs, jnp.float32)
-  c = jnp.cumsum(p, axis=-1)
+  c = cumsum_last(p)
   u = u * c[..., -1]
   idx = jnp.sum(c <= u[..., None], axis=-1)
   # Rounding can make u * total reach the total: fall back to the last token with positive mass.

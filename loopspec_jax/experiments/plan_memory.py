@@ -1,10 +1,11 @@
 """Memory plan per device: parameters, committed KV, speculative KV and lane state over a (data, model) mesh.
 
 Sizes come from `jax.eval_shape` of the real state (parameters: `looped.abstract_params`; the cache and the
-decode state: the prefill and `initial_state` of the decoder `generate` builds, sampling mode) laid out by the logical axis rules
-of `loopspec_jax.parallel.sharding` (a sharded dim holds shape / mesh-axis size per device; dims the mesh does not
-divide are replicated), so nothing is allocated and planning 8 or 16 devices works on one CPU. Activations
-and XLA workspace are not counted: keep some headroom below the flagged limit.
+decode state: the prefill and `initial_state` of the decoder `generate` builds, sampling mode), laid out as
+`loopspec_jax.parallel.sharding` lays them out (the axes the state's dataclasses declare, the rules, and the
+fallback: a sharded dim holds shape / mesh-axis size per device; dims the mesh does not divide are
+replicated), so nothing is allocated and planning 8 or 16 devices works on one CPU. Activations and XLA
+workspace are not counted: keep some headroom below the flagged limit.
 
   loopspec-plan-memory --config.models=huginn:0125,ouro:2p6b --config.dtype=bfloat16 --config.context=4096 \
       --config.meshes=1x8,2x4 --config.batches=1,2,4,8 --config.device_memory_gib=16
@@ -37,6 +38,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", common.config_path("plan_mem
                                           flag_values=FLAGS)
 
 GIB = 1024 ** 3
+_SPLIT = ("cache", "spec", "lanes")  # decode-state fields with a category of their own
 
 
 def model_config(spec: str, dtype: str, context: int):
@@ -45,21 +47,25 @@ def model_config(spec: str, dtype: str, context: int):
   return cfg.replace(dtype=dtype, max_len=max(cfg.max_len, context))
 
 
-def make_decoder(cfg, method: str, d1=None, d2=None, capacity=None):
-  """The decoder `generate` would build for this method (sampling: the larger, worst-case state)."""
+def make_decoder(cfg, method: str, d1=None, d2=None, capacity=None, greedy: bool = False):
+  """The decoder `generate` would build for this method (by default sampling: the larger, worst-case state,
+  whose LoopSpec lanes hold [B, N, V] distributions q1 / q2; greedy ones are [B, N, 0])."""
   if method == "ar":
-    return ar.make_decoder(cfg, greedy=False, random_init=False)
-  return loopspec_decoder.make_decoder(cfg, greedy=False, random_init=False, d1=d1, d2=d2, lane_capacity=capacity)
+    return ar.make_decoder(cfg, greedy=greedy, random_init=False)
+  return loopspec_decoder.make_decoder(cfg, greedy=greedy, random_init=False, d1=d1, d2=d2, lane_capacity=capacity)
 
 
-def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None, capacity=None) -> dict:
+def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None, capacity=None,
+                    greedy: bool = False) -> dict:
   """ShapeDtypeStruct trees by category: params, committed_kv, spec_kv, lanes, other.
 
   The shapes are those of the decoder's own prefill and initial state (`jax.eval_shape`, nothing allocated):
-  committed_kv is the state's `cache`, spec_kv its `spec` and lanes its `lanes` (LoopSpec only); other holds the
-  remaining state fields and the sampling parameters.
+  committed_kv is the state's `cache` (a KVCache), spec_kv its `spec` (a SpecKV) and lanes its `lanes` (a
+  LaneTable; LoopSpec only, else {}); other is (the state with those fields set to None, the sampling
+  parameters). Every category stays a tree of the decoders' dataclasses, so their declared logical axes
+  lay it out (`sharding.per_device_bytes(tree, "state", ...)`).
   """
-  dec = make_decoder(cfg, method, d1, d2, capacity)
+  dec = make_decoder(cfg, method, d1, d2, capacity, greedy)
   params = M.abstract_params(cfg)
   sp = jax.eval_shape(lambda: common_dec.make_sampling_params(batch, 1, 1.0, 0, 1.0, 0, None))
   prompt = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
@@ -69,22 +75,21 @@ def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None
                               cache_group=dec.cache_group)
   cache, tokens = jax.eval_shape(prefill, params, prompt, lengths, sp)
   st = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
-  fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
-  rest = {k: v for k, v in fields.items() if k not in ("cache", "spec", "lanes")}
-  return {"params": params, "committed_kv": fields["cache"], "spec_kv": fields.get("spec", {}),
-          "lanes": fields.get("lanes", {}), "other": (rest, sp)}
+  split = [f.name for f in dataclasses.fields(st) if f.name in _SPLIT]
+  parts = {name: getattr(st, name) for name in split}
+  return {"params": params, "committed_kv": parts["cache"], "spec_kv": parts.get("spec", {}),
+          "lanes": parts.get("lanes", {}), "other": (st.replace(**{name: None for name in split}), sp)}
 
 
 def plan_row(cfg, batch: int, context: int, mesh_shape: tuple, method: str, rules=sharding.RULES, d1=None, d2=None,
-             capacity=None, memory_gib: float = 16.0) -> dict:
+             capacity=None, memory_gib: float = 16.0, greedy: bool = False) -> dict:
   """Bytes per device of every category of one configuration (batch padded to the data axis)."""
   axis_sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   padded = -(-batch // axis_sizes["data"]) * axis_sizes["data"]
-  trees = abstract_states(cfg, padded, context, method, d1, d2, capacity)
+  trees = abstract_states(cfg, padded, context, method, d1, d2, capacity, greedy)
   row = {"batch": batch, "padded_batch": padded, "mesh": tuple(mesh_shape), "method": method}
-  kinds = {"params": "params", "committed_kv": "cache", "spec_kv": "spec", "lanes": "state", "other": "state"}
   for cat, tree in trees.items():
-    kind = kinds[cat]
+    kind = "params" if cat == "params" else "state"  # the state's dataclasses declare their axes
     row[cat] = sharding.per_device_bytes(tree, kind, axis_sizes, rules, cfg)
   row["total"] = sum(row[c] for c in trees)
   row["fits"] = row["total"] <= memory_gib * GIB

@@ -1,15 +1,21 @@
-"""Sharded decoding over a ('data', 'model') device mesh, driven by one table of logical axis rules.
+"""Sharded decoding over a ('data', 'model') device mesh: declared logical axes, one rules table, flax's mapping.
 
 Every array dimension of the parameters and of the decode state has a *logical* name (batch, heads,
-kv_heads, mlp, embed, vocab, lanes, layers, ...). `RULES` maps those names to mesh axes, as MaxText does
-(configs/mesh/ holds ml_collections versions): attention heads, KV heads, MLP width and vocabulary over
-`model`; requests (batch) over `data`; everything else replicated.
+kv_heads, mlp, embed, vocab, lanes, layers, ...). Decode-state dataclasses declare them on their fields
+(`parallel.logical.axes_field`; read here with `logical.map_with_axes`, nothing is guessed from names or
+ranks); parameters (plain dicts) get theirs from a table by parameter path (`param_axes`). `RULES` maps
+logical names to mesh axes in order of precedence, and flax's logical partitioning
+(`flax.linen.logical_to_mesh_axes` / `logical_to_mesh_sharding`, as MaxText uses it) turns a tuple of
+logical names into a PartitionSpec / NamedSharding: attention heads, KV heads, MLP width and vocabulary over
+`model`; requests (batch) over `data`; everything else replicated; a mesh axis shards at most one dimension
+of an array (the dimension whose rule comes first wins). configs/mesh/ builds its ml_collections configs
+from `RULES`.
 
-Fallback: a dimension whose mesh axes do not divide it is replicated instead of sharded. Fused head
-dimensions (wq's H*D, wk's KV*D, ...) are checked in whole heads, so a shard never splits a head; e.g.
-Huginn-0125 has 55 heads, so on a model axis of 2, 4 or 8 its attention weights and KV caches are
-replicated while its MLP (17920 wide) and vocabulary (65536) are sharded. A mesh axis is used at most once
-per array (a later dimension mapped to the same axis is replicated).
+Fallback (`fit_rules`, a pre-pass before flax's mapping, per array): a rule whose mesh axes do not divide its
+dimension is dropped for that array, so the dimension is replicated (or takes a later rule of the same
+name). Fused head dimensions (wq's H*D, wk's KV*D, ...) are checked in whole heads, so a shard never splits
+a head; e.g. Huginn-0125 has 55 heads, so on a model axis of 2, 4 or 8 its attention weights and KV caches
+are replicated while its MLP (17920 wide) and vocabulary (65536) are sharded.
 
 Decode entry points run as `jax.jit` with explicit in/out shardings and donated state, under
 `jax.set_mesh(mesh)`, on inputs placed up front; `entry(fn, mesh)` returns that sharded version of one of
@@ -22,16 +28,20 @@ import collections
 import dataclasses
 import inspect
 import math
-from typing import Any, Optional
 
+import flax.linen as nn
 import jax
-import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+from loopspec_jax.parallel import logical
 
 DATA, MODEL = "data", "model"
 MESH_AXES = (DATA, MODEL)
 
-# logical axis -> mesh axis (None: replicated). The single source of truth; configs/mesh/ copies it.
+# logical axis -> mesh axis (None: replicated), in order of precedence (flax's rule semantics). The single
+# source of truth; configs/mesh/ builds from it.
 RULES = (
     ("batch", DATA),  # requests
     ("heads", MODEL),  # attention heads (wq / wo / qk_bias / q_norm, in whole heads)
@@ -40,7 +50,8 @@ RULES = (
     ("vocab", MODEL),  # embedding rows, LM head columns, lane distributions q1 / q2
     ("embed", None),  # hidden size
     ("layers", None),  # stacked layers of a block stack
-    ("slots", None),  # (recurrent step, layer) cache slots
+    ("groups", None),  # recurrent-step blocks of a core KV buffer (models/kvcache.py)
+    ("readouts", None),  # readout depths of a coda KV buffer
     ("length", None),  # cache / token positions
     ("lanes", None),  # LoopSpec lanes per request
     ("head_dim", None),
@@ -48,6 +59,8 @@ RULES = (
     ("key", None),  # the two words of a raw PRNG key
 )
 
+# Parameter axes: a table by path (parameters are plain dicts). Layers of a block stack ('prelude', 'core',
+# 'coda') are stacked on a leading 'layers' axis.
 _LAYER_AXES = {
     "wq": ("layers", "embed", "heads"), "wk": ("layers", "embed", "kv_heads"),
     "wv": ("layers", "embed", "kv_heads"), "wo": ("layers", "heads", "embed"),
@@ -57,20 +70,10 @@ _LAYER_AXES = {
 }
 _TOP_AXES = {
     "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
-    "adapter": ("embed", "embed"), "w": ("embed", None), "b": (None,),  # w / b: Ouro's exit gate
+    "adapter": (None, "embed"),  # [2E, E]: Raven's adapter of concat(state, embedding)
+    "w": ("embed", None), "b": (None,),  # w / b: Ouro's exit gate
 }
 _STACKS = ("prelude", "core", "coda")
-
-# Decode state (AR DecodeState, ChainState, LoopSpecState with its LaneTable and stats, SamplingParams).
-_CACHE_AXES = ("slots", "batch", "kv_heads", "length", "head_dim")  # committed KV [n_slots, B, KV, T, D]
-_SPEC_AXES = ("slots", "batch", "kv_heads", "lanes", "head_dim")  # speculative KV [n_slots, B, KV, N, D]
-_STATE_AXES = {
-    "tokens": ("batch", "length"), "anc": ("batch", "lanes", "lanes"), "s": ("batch", "lanes", "embed"),
-    "e": ("batch", "lanes", "embed"), "q1": ("batch", "lanes", "vocab"), "q2": ("batch", "lanes", "vocab"),
-    "base_key": ("key",),
-}
-# Any other state leaf: [] scalars, [B] per-request values, [B, N] lane fields.
-_STATE_BY_NDIM = {0: (), 1: ("batch",), 2: ("batch", "lanes")}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,6 +102,8 @@ def rules_from_config(cd) -> tuple:
 
 
 def normalize_rules(rules) -> tuple:
+  """Rules (a dict or pairs; None: `RULES`) as a hashable tuple of (logical name, mesh axis / axes / None);
+  "" and "none" spell None, a one-element list a single axis."""
   if rules is None:
     return RULES
   items = rules.items() if isinstance(rules, dict) else rules
@@ -142,7 +147,7 @@ def plan(mesh, rules=None) -> MeshPlan:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Logical axes -> partition specs
+# Logical axes -> partition specs (flax's mapping after the fallback pre-pass)
 # ---------------------------------------------------------------------------------------------------
 def _units(name, dim: int, cfg) -> int:
   """How many indivisible units a dimension holds: whole heads for (fused) head dims, else its size."""
@@ -153,23 +158,43 @@ def _units(name, dim: int, cfg) -> int:
   return dim
 
 
-def logical_spec(axes, shape, axis_sizes: dict, rules=RULES, cfg=None) -> P:
-  """PartitionSpec of an array with logical `axes`: each dim goes to its rule's mesh axes if they divide it."""
+def _mesh_axes(target) -> tuple:
+  return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+
+
+def fit_rules(axes, shape, axis_sizes: dict, rules=RULES, cfg=None) -> tuple:
+  """The fallback pre-pass: (logical names, rules) of one array for `nn.logical_to_mesh_axes`.
+
+  Keeps the rules of the array's names whose mesh axes (restricted to those of the mesh) divide the
+  dimension, counted in whole heads for head dims; drops the others, so such a dimension is replicated
+  unless a later rule of its name fits. Names left without a sharding rule become None (flax then leaves
+  them unsharded, and an unsharded name may repeat, e.g. an [E, E] matrix).
+  """
   if len(axes) != len(shape):
-    raise ValueError(f"logical axes {axes} do not match shape {shape}")
-  table = dict(rules)
-  used, out = set(), []
-  for name, dim in zip(axes, shape):
-    target = table.get(name) if name is not None else None
-    targets = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    targets = tuple(a for a in targets if a in axis_sizes)
-    size = math.prod(axis_sizes[a] for a in targets)
-    if not targets or _units(name, dim, cfg) % size or used.intersection(targets):
-      out.append(None)  # fallback: replicated
+    raise ValueError(f"logical axes {axes} do not match shape {tuple(shape)}")
+  dims = {name: dim for name, dim in zip(axes, shape) if name is not None}
+  kept = []
+  for name, target in rules:
+    if name not in dims:
       continue
-    used.update(targets)
-    out.append(targets[0] if len(targets) == 1 else targets)
-  return P(*out)
+    targets = tuple(a for a in _mesh_axes(target) if a in axis_sizes)
+    if targets and _units(name, dims[name], cfg) % math.prod(axis_sizes[a] for a in targets):
+      continue  # fallback: this rule would split the dimension unevenly (or mid-head)
+    kept.append((name, None if not targets else targets[0] if len(targets) == 1 else targets))
+  sharded = {name for name, target in kept if target is not None}
+  return tuple(n if n in sharded else None for n in axes), tuple(kept)
+
+
+def logical_spec(axes, shape, axis_sizes: dict, rules=RULES, cfg=None) -> P:
+  """PartitionSpec of an array of `shape` with logical `axes`: `fit_rules`, then flax's rule resolution."""
+  names, fitted = fit_rules(axes, shape, axis_sizes, rules, cfg)
+  return nn.logical_to_mesh_axes(names, fitted)
+
+
+def logical_sharding(axes, shape, mesh_plan: MeshPlan, cfg=None) -> NamedSharding:
+  """NamedSharding of an array of `shape` with logical `axes` on the plan's mesh (see `logical_spec`)."""
+  names, fitted = fit_rules(axes, shape, mesh_plan.axis_sizes, mesh_plan.rules, cfg)
+  return nn.logical_to_mesh_sharding(P(*names), mesh_plan.mesh, fitted)
 
 
 def shard_shape(shape, spec: P, axis_sizes: dict) -> tuple:
@@ -177,8 +202,7 @@ def shard_shape(shape, spec: P, axis_sizes: dict) -> tuple:
   out = []
   for i, dim in enumerate(shape):
     entry = spec[i] if i < len(spec) else None
-    names = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
-    out.append(dim // math.prod(axis_sizes[a] for a in names))
+    out.append(dim // math.prod(axis_sizes[a] for a in _mesh_axes(entry)))
   return tuple(out)
 
 
@@ -191,6 +215,7 @@ def _key_name(k) -> str:
 
 def param_axes(path, leaf) -> tuple:
   """Logical axes of one parameter from its path in the tree of `model.param_shapes`."""
+  del leaf
   names = [_key_name(k) for k in path]
   last = names[-1]
   if names[0] in _STACKS:
@@ -203,39 +228,33 @@ def param_axes(path, leaf) -> tuple:
   raise KeyError(f"no logical axes for parameter {'/'.join(names)}")
 
 
-def state_axes(path, leaf) -> tuple:
-  """Logical axes of one decode-state leaf (cache / spec entries by their store, the rest by field name)."""
-  names = [_key_name(k) for k in path]
-  if names and names[0] == "cache" and leaf.ndim == 5:
-    return _CACHE_AXES
-  if names and names[0] == "spec" and leaf.ndim == 5:
-    return _SPEC_AXES
-  if names and names[-1] in _STATE_AXES:
-    return _STATE_AXES[names[-1]]
-  if leaf.ndim in _STATE_BY_NDIM:
-    return _STATE_BY_NDIM[leaf.ndim]
-  raise KeyError(f"no logical axes for state leaf {'/'.join(names)} of shape {leaf.shape}")
+def tree_axes(tree, kind):
+  """Logical axes of every leaf of a tree of arrays (or ShapeDtypeStructs), in a tree of the same structure
+  whose leaves are `P(*names)` (logical names, not yet mesh axes). kind: 'params' (the table by path),
+  'state' (the axes its dataclasses declare), or a tuple of logical names (every leaf)."""
+  if kind == "params":
+    return jax.tree_util.tree_map_with_path(lambda path, x: P(*param_axes(path, x)), tree)
+  if kind == "state":
+    return logical.map_with_axes(lambda axes, x: P(*axes), tree)
+  if isinstance(kind, str):
+    raise ValueError(f"unknown tree kind {kind!r} (params, state, or a tuple of logical axes)")
+  return jax.tree_util.tree_map(lambda x: P(*kind), tree)
+
+
+def _map_axes(fn, tree, kind):
+  """fn(logical axes, leaf) over the leaves of `tree` (axes as `tree_axes` gives them)."""
+  names = tree_axes(tree, kind)
+  return jax.tree_util.tree_map(lambda x, a: fn(tuple(a), x), tree, names)
 
 
 def tree_specs(tree, kind, axis_sizes: dict, rules=RULES, cfg=None):
-  """PartitionSpecs of a tree of arrays (or ShapeDtypeStructs): kind 'params', 'state', 'cache' (a
-  committed KV store), 'spec' (a speculative KV store) or a tuple of logical axes (every leaf)."""
-  if kind == "params":
-    fn = param_axes
-  elif kind == "state":
-    fn = state_axes
-  elif kind in ("cache", "spec"):
-    fn = lambda path, leaf: _CACHE_AXES if kind == "cache" else _SPEC_AXES
-  else:
-    fn = lambda path, leaf: tuple(kind)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: logical_spec(fn(path, x), x.shape, axis_sizes, rules, cfg), tree)
+  """PartitionSpecs (mesh axes) of a tree of arrays (or ShapeDtypeStructs); kind as in `tree_axes`."""
+  return _map_axes(lambda axes, x: logical_spec(axes, x.shape, axis_sizes, rules, cfg), tree, kind)
 
 
 def tree_shardings(tree, kind, mesh_plan: MeshPlan, cfg=None):
-  specs = tree_specs(tree, kind, mesh_plan.axis_sizes, mesh_plan.rules, cfg)
-  return jax.tree_util.tree_map(lambda s: NamedSharding(mesh_plan.mesh, s), specs,
-                                is_leaf=lambda x: isinstance(x, P))
+  """NamedShardings of a tree of arrays (or ShapeDtypeStructs) on the plan's mesh; kind as in `tree_axes`."""
+  return _map_axes(lambda axes, x: logical_sharding(axes, x.shape, mesh_plan, cfg), tree, kind)
 
 
 def param_shardings(params, cfg, mesh, rules=None):
@@ -278,7 +297,6 @@ def to_host(tree, skip=("cache", "spec")):
   """With several processes, gathers the leaves the host reads (not KV stores) into full local arrays."""
   if jax.process_count() == 1:
     return tree
-  from jax.experimental import multihost_utils
 
   def one(path, x):
     if path and _key_name(path[0]) in skip or not isinstance(x, jax.Array) or x.is_fully_addressable:
@@ -328,17 +346,19 @@ def drop_padding(result, n: int):
 # ---------------------------------------------------------------------------------------------------
 # "module.function" -> (kinds of the leading array arguments, donated argument indices, output shardings:
 # the index of the argument whose shardings the output keeps, or kinds of the outputs (of their eval_shape)).
+# A kind is 'params', 'state' (declared axes) or a tuple of logical axes (see `tree_axes`); the arguments
+# after the leading arrays are static (cfg, shape, greedy, cache_group, ...).
+_TOKENS, _LENGTHS = ("batch", "length"), ("batch",)
+_INIT = (("state", _TOKENS, _LENGTHS, "state"), (0, 1), "state")  # (cache, tokens, lengths, sp) -> state
+_LOOP = (("params", "state", "state"), (1,), 1)  # (params, state, sp) -> state
 ENTRY_POINTS = {
-    "loopspec_jax.decoding.common.prefill_state": (("params", ("batch", "length"), ("batch",), "state"), (),
-                                                  ("cache", ("batch", "length"))),
-    "loopspec_jax.decoding.autoregressive.decode_loop": (("params", "state", "state"), (1,), 1),
-    "loopspec_jax.decoding.chain.decode_loop": (("params", "state", "state"), (1,), 1),
-    "loopspec_jax.decoding.loopspec.tick.decode_loop": (("params", "state", "state"), (1,), 1),
-    "loopspec_jax.decoding.loopspec.state.initial_state": (("cache", ("batch", "length"), ("batch",), "state"), (0, 1),
-                                                           "state"),
-    "loopspec_jax.decoding.autoregressive.initial_state": (("cache", ("batch", "length"), ("batch",), "state"), (0, 1),
-                                                           "state"),
-    "loopspec_jax.decoding.chain.initial_state": (("cache", ("batch", "length"), ("batch",), "state"), (0, 1), "state"),
+    "loopspec_jax.decoding.common.prefill_state": (("params", _TOKENS, _LENGTHS, "state"), (), ("state", _TOKENS)),
+    "loopspec_jax.decoding.autoregressive.initial_state": _INIT,
+    "loopspec_jax.decoding.autoregressive.decode_loop": _LOOP,
+    "loopspec_jax.decoding.chain.initial_state": _INIT,
+    "loopspec_jax.decoding.chain.decode_loop": _LOOP,
+    "loopspec_jax.decoding.loopspec.state.initial_state": _INIT,
+    "loopspec_jax.decoding.loopspec.tick.decode_loop": _LOOP,
 }
 
 _JITS: dict = {}  # (entry, plan, static args, input shardings) -> (jitted function, output shardings)

@@ -2,7 +2,8 @@
 
 Every module here exposes `get_config(arg=None)` returning an `ml_collections.ConfigDict` with
   mesh_shape:  (data, model) device counts (data: requests, model: heads / MLP / vocabulary);
-  rules:       ((logical axis, mesh axis or None), ...), by default `loopspec_jax.parallel.sharding.RULES`;
+  rules:       ((logical axis, mesh axis / axes or None), ...) in order of precedence (flax's logical
+               partitioning rules), built from `loopspec_jax.parallel.sharding.RULES`, the one rules table;
   accelerator: the accelerator the shape is meant for (informational).
 `arg` is a named variant of the shape, "DATAxMODEL" (e.g. `v5e_8:1x8`), as in `resolve("v5e_8:1x8")` or
 `--config=<package>/configs/mesh/v5e_8.py:1x8`; other fields change with `--config.<field>=<value>`. Build the

@@ -80,15 +80,18 @@ def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConf
   s0 = M.initial_state(e0, cfg, noise)
   s = ln.s[:, rows].at[:, :w].set(s0.astype(ln.s.dtype))
   e = ln.e[:, rows].at[:, :w].set(e0.astype(ln.e.dtype))
-  # d1 core steps over all lanes: sub-step j of group g is recurrent step g * d1 + j.
+  # d1 core steps; only the first stage column when no lane lives in the others (no open branch). The
+  # speculative store is read inside the branch and written after it, so XLA updates it in place.
+  steps = lambda cols: functools.partial(core_steps, params, cache, spec.core, prefix_mask, cfg, shape, cols)
+  if w > 1:
+    branch_alive = jnp.any(ln.alive.reshape(b, g, w)[:, :, 1:])
+    s, ks, vs = jax.lax.cond(branch_alive, steps(w), steps(1), s, e, pos, anc)
+  else:
+    s, ks, vs = steps(w)(s, e, pos, anc)
   core = spec.core
   row_group = jnp.arange(n) // w
-  for j in range(shape.d1):
-    ctx = lambda l: L.grouped_attend(cache.core[j * cfg.n_core + l], core[j * cfg.n_core + l], prefix_mask, anc,
-                                     cfg)
-    s, k, v = M.core_step(params, s, e, pos, None, ctx, cfg)
-    for l in range(k.shape[0]):
-      core = L.write_rows(core, j * cfg.n_core + l, row_group, kvcache.ordered(rows, s, n), k[l], v[l])
+  for i, (k, v) in enumerate(zip(ks, vs)):
+    core = L.write_rows(core, i, row_group, kvcache.ordered(rows, s, n), k, v)
   # post on the endpoint rows only, each readout reading its own coda cache.
   ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(w)], jnp.int32)
   n_r = len(shape.readouts)
@@ -103,6 +106,35 @@ def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConf
                   spec=spec.replace(prelude=prelude, core=core, coda=coda))
 
 
+def core_steps(params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, e, pos,
+               anc):
+  """d1 core steps of the lanes in the first `cols` columns of every stage (rows in group order).
+
+  s, e [B, N, E], pos [B, N], anc [B, N, N]. Sub-step j of group g is recurrent step g * d1 + j: the lanes of
+  all groups read cache block (j, l) and speculative block (j, l) whole in one batched dot. Returns (s [B, N, E]
+  with the processed rows updated, new entries k, v per (j, l) block [B, N, KV, D]; rows outside the columns
+  get zeros, written under ids that no live lane reads).
+  """
+  g, w = shape.n_groups, shape.width
+  b, n = pos.shape
+  sub = lambda x: x.reshape((b, g, w) + x.shape[2:])[:, :, :cols].reshape((b, g * cols) + x.shape[2:])
+  full = lambda x: (x if cols == w else
+                    jnp.zeros((b, g, w) + x.shape[2:], x.dtype).at[:, :, :cols].set(
+                        x.reshape((b, g, cols) + x.shape[2:])).reshape((b, n) + x.shape[2:]))
+  x, e_c, pos_c, anc_c = sub(s), sub(e), sub(pos), sub(anc)
+  ks, vs = [], []
+  for j in range(shape.d1):
+    ctx = lambda l: L.grouped_attend(cache.core[j * cfg.n_core + l], spec_core[j * cfg.n_core + l], prefix_mask,
+                                     anc_c, cfg)
+    x, k, v = M.core_step(params, x, e_c, pos_c, None, ctx, cfg)
+    ks += [full(k[l]) for l in range(k.shape[0])]
+    vs += [full(v[l]) for l in range(v.shape[0])]
+  if cols < w:
+    x = s.reshape((b, g, w) + s.shape[2:]).at[:, :, :cols].set(x.reshape((b, g, cols) + x.shape[2:]))
+    x = x.reshape(s.shape)
+  return x, ks, vs
+
+
 def distributions(logits, sp: common.SamplingParams):
   """The shared logits processing (temperature, top-k, top-p) of sampled decoding, [..., V] float32."""
   return sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k,
@@ -115,9 +147,11 @@ def lane_keys(sp: common.SamplingParams, pos, purpose):
   return jax.vmap(lambda rid, ps: jax.vmap(lambda p: f(rid, p))(ps))(sp.request_ids, pos)
 
 
-def verify_root(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: PipelineShape,
+def verify_root(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape,
                 greedy: bool) -> Verified:
-  """Cascade verification of the root, the one live lane at depth R (group G - 1)."""
+  """Cascade verification of the root, the one live lane at depth R (group G - 1).
+
+  dist: the endpoint rows' processed distributions [B, nR * W, V] (None when greedy)."""
   ln = st.lanes
   g, w = shape.n_groups, shape.width
   b = ln.alive.shape[0]
@@ -127,15 +161,15 @@ def verify_root(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, sha
   has_root = jnp.any(at_r, axis=1)
   root_w = jnp.argmax(at_r, axis=1)
   root = last[root_w]
-  logits = adv.logits[bi, (len(shape.readouts) - 1) * w + root_w]  # [B, V]
+  row = (len(shape.readouts) - 1) * w + root_w
   x1, x2, gate = ln.x1[bi, root], ln.x2[bi, root], ln.gate[bi, root]
   if greedy:  # the cascade on one-hot distributions: argmax matching
-    y = sampling.greedy_token(logits)
+    y = sampling.greedy_token(adv.logits[bi, row])
     stage = jnp.where(y == x1, 1, jnp.where(gate & (y == x2), 2, 0))
   else:
     keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p + 1, sampling.PURPOSE_VERIFY))(
         sp.request_ids, ln.pos[bi, root])
-    y, stage = jax.vmap(verify.verify_cascade)(keys, distributions(logits, sp), x1, ln.q1[bi, root], gate, x2,
+    y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, ln.q1[bi, root], gate, x2,
                                                ln.q2[bi, root])
   return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32))
 
@@ -169,7 +203,7 @@ def prune(ln: LaneTable, ver: Verified, done):
   return survive, kept_found
 
 
-def draft(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: PipelineShape, greedy: bool):
+def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape, greedy: bool):
   """x1 for the lanes now at d1 (group 0) and the gated second proposal for those at d2; stored under the
   lanes' ids. Returns (lanes with x1/q1/x2/q2/gate updated, Drafts of the two groups)."""
   ln = st.lanes
@@ -181,7 +215,7 @@ def draft(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: Pi
     x1 = sampling.greedy_token(lg1)
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1))
   else:
-    q1 = distributions(lg1, sp)
+    q1 = dist[:, :w]
     x1 = jax.vmap(jax.vmap(sampling.sample_token))(lane_keys(sp, ln.pos[:, ids1], sampling.PURPOSE_X1), q1)
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, ids1].set(q1))
   if shape.d2 is None:
@@ -195,7 +229,7 @@ def draft(st: LoopSpecState, adv: Advanced, sp: common.SamplingParams, shape: Pi
   else:
     keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
     gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, ln.q1[:, ids2], ln.x1[:, ids2],
-                                                              distributions(lg2, sp))
+                                                              dist[:, w:2 * w])
     ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), q2=ln.q2.at[:, ids2].set(q2), gate=ln.gate.at[:, ids2].set(gate))
   return ln, Drafts(x1=x1, gate=gate, x2=x2)
 
@@ -268,10 +302,11 @@ def make_tick(params, sp: common.SamplingParams, cfg: ModelConfig, shape: Pipeli
 
   def tick(st: LoopSpecState) -> LoopSpecState:
     adv = advance(params, st, sp, cfg, shape, random_init)
-    ver = verify_root(st, adv, sp, shape, greedy)
+    dist = None if greedy else distributions(adv.logits, sp)  # one filtering pass over the endpoint rows
+    ver = verify_root(st, adv, dist, sp, shape, greedy)
     cache, tokens, length, n_new, done = commit(st, adv.spec, ver, sp)
     survive, kept_found = prune(st.lanes, ver, done)
-    ln, dr = draft(st, adv, sp, shape, greedy)
+    ln, dr = draft(st, adv, dist, sp, shape, greedy)
     ln = ln.replace(s=adv.s, e=adv.e)
     lanes, skipped1, skipped2 = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
     rows = L.group_rows(st.iterations, shape.n_groups, w)
