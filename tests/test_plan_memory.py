@@ -48,9 +48,9 @@ def test_sharded_totals_divide_by_the_rules():
   # Parameters shard over model only (norms replicated), so (2, 4) holds more per device than (1, 8).
   assert rows[(1, 8)]["params"] < rows[(2, 4)]["params"] < rows[(1, 1)]["params"]
   specs = sharding.tree_specs(trees["params"], "params", {"data": 2, "model": 4}, cfg=cfg)
+  spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   expect = sum(math.prod(sharding.shard_shape(x.shape, s, {"data": 2, "model": 4})) * 2
-               for x, s in zip(jax.tree_util.tree_leaves(trees["params"]),
-                               jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))))
+               for x, s in zip(jax.tree_util.tree_leaves(trees["params"]), spec_leaves))
   assert rows[(2, 4)]["params"] == expect
 
 

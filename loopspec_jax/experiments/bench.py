@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 import loopspec_jax
 from loopspec_jax import prompts as prompt_sets
+from loopspec_jax.experiments import demo
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
@@ -54,6 +55,7 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
   if labels[0] != "ar":
     raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
   times = {l: [] for l in labels}
+  per_prompt = {l: [[] for _ in prompts] for l in labels}  # decode seconds per prompt, one per repeat
   aggs = {}
   outputs = {}
   bar = tqdm(total=len(parsed) * (repeats + 1), desc="bench", disable=not progress)
@@ -69,6 +71,8 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
       st, _ = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
       agg = common.aggregate(st, r)
       times[label].append(agg["decode_seconds"])
+      for j, s in enumerate(st):
+        per_prompt[label][j].append(s["decode_seconds"])
       aggs[label] = agg
       bar.update(1)
   bar.close()
@@ -81,22 +85,27 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
     res["tokens_per_second_median"] = res["tokens"] / max(res["decode_seconds_median"], 1e-9)
     res["wall_clock_ratio_median"] = statistics.median(ratios)
     res["identical_to_ar"] = outputs[label] == outputs["ar"]
+    # Per prompt: the median over repeats of AR's decode time over this method's (same repeat).
+    res["prompt_ratios"] = [statistics.median(a / b for a, b in zip(per_prompt["ar"][j], per_prompt[label][j]))
+                            for j in range(len(prompts))]
+    res["prompt_ratio_median"] = statistics.median(res["prompt_ratios"])
+    res["prompt_ratio_min"] = min(res["prompt_ratios"])
     results[label] = res
   return results
 
 
 def markdown_table(rows: list) -> str:
   """One line per (model, task, sampling, method); ms/tick is the median decode time per loop iteration."""
-  head = ("| model | task | sampling | method | mean acc. len | tok/s (decode) | ratio vs AR | tokens/tick | ms/tick | "
-          "core steps/tok | commits f/s/r | gate open | identical |")
-  lines = [head, "|" + "---|" * 13]
+  head = ("| model | task | sampling | method | mean acc. len | tok/s (decode) | ratio vs AR | per-prompt median / min "
+          "| tokens/tick | ms/tick | core steps/tok | commits f/s/r | gate open | identical |")
+  lines = [head, "|" + "---|" * 14]
   for row in rows:
     c = row["commits"]
     ms_tick = 1e3 * row["decode_seconds_median"] / max(row["ticks"], 1)
     lines.append(
         f"| {row['model']} | {row['task']} | {row['sampling']} | {row['method']} | {row['mean_accepted_length']:.2f} | "
         f"{row['tokens_per_second_median']:.1f} | {row['wall_clock_ratio_median']:.2f}x | "
-        f"{row['tokens_per_tick']:.2f} | {ms_tick:.2f} | "
+        f"{row['prompt_ratio_median']:.2f}x / {row['prompt_ratio_min']:.2f}x | {row['tokens_per_tick']:.2f} | {ms_tick:.2f} | "
         f"{row['core_step_calls_per_token']:.2f} | {c['first']}/{c['second']}/{c['restart']} | "
         f"{row['gate_open_rate']:.2f} | {'yes' if row['identical_to_ar'] else ('-' if row['sampling'] != 'greedy' else 'NO')} |")
   return "\n".join(lines)
@@ -109,6 +118,8 @@ def machine_description() -> str:
 def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
   """`num` prompts of a task as token ids. Text prompts longer than half the model's context keep their last
   max_len // 2 tokens (few-shot prefixes do not fit the tiny models); each cut is logged."""
+  if task == "demo":  # the prompts `loopspec-demo` decodes
+    return [model.encode(t) for t in demo.PROMPTS[:num]]
   if task == "random":
     rng = np.random.RandomState(seed)
     return [rng.randint(0, model.config.vocab_size, prompt_len).tolist() for _ in range(num)]

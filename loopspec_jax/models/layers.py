@@ -58,32 +58,36 @@ def apply_rope(x, pos, cfg: ModelConfig):
   return out.astype(x.dtype)
 
 
-# (k, v, mask): k/v [B, KV, T, D] shared by all queries, or [B, S, KV, T, D] per query (speculative lanes,
-# each reading its own recurrent step's slot); mask [B, S, T] bool. Heads before positions so that a
-# gathered slot feeds the attention dot without a transpose.
+# (k, v, mask): k/v [B, KV, T, D] shared by all queries; mask [B, S, T] bool (or broadcastable). Heads before
+# positions, so that the cache feeds a canonical batched dot (batch dims B, KV leading in both operands) in
+# place, without a transposing copy.
 Segment = tuple
 
 
 def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
-  """Softmax attention of q [B, S, H, D] over the union of key/value segments (GQA-aware)."""
+  """Softmax attention of q [B, S, H, D] over the union of key/value segments (GQA-aware).
+
+  The (small) queries are laid out [B, KV, S * H/KV, D] so both dots read each (large) segment as stored.
+  """
   b, s, h, d = q.shape
   kvh = cfg.num_kv_heads
-  qg = q.reshape(b, s, kvh, h // kvh, d)
+  hg = h // kvh
+  qq = q.reshape(b, s, kvh, hg, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, s * hg, d)
   scale = 1.0 / math.sqrt(d)
   scores = []
   for k, _, mask in segments:
-    eq = "bskgd,bsktd->bkgst" if k.ndim == 5 else "bskgd,bktd->bkgst"
-    sc = jnp.einsum(eq, qg, k, preferred_element_type=jnp.float32) * scale
-    scores.append(jnp.where(mask[:, None, None], sc, NEG_INF))
+    sc = jnp.einsum("bkqd,bktd->bkqt", qq, k, preferred_element_type=jnp.float32) * scale
+    sc = sc.reshape(b, kvh, s, hg, -1)
+    scores.append(jnp.where(mask[:, None, :, None, :], sc, NEG_INF).reshape(b, kvh, s * hg, -1))
   sizes = [sc.shape[-1] for sc in scores]
   probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
   out = 0.0
   start = 0
   for (_, v, _), n in zip(segments, sizes):
     pr = probs[..., start:start + n].astype(v.dtype)
-    eq = "bkgst,bsktd->bskgd" if v.ndim == 5 else "bkgst,bktd->bskgd"
-    out = out + jnp.einsum(eq, pr, v, preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkqt,bktd->bkqd", pr, v, preferred_element_type=jnp.float32)
     start += n
+  out = out.reshape(b, kvh, s, hg, d).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, s, h * d).astype(q.dtype)
 
 

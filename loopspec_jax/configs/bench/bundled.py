@@ -2,7 +2,8 @@
 
   loopspec-bench --config=bench/bundled.py          # (paths relative to loopspec_jax/configs/ work anywhere)
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
-  loopspec-bench --config=bench/bundled.py:two      # the README table: two prompt sets, both samplings
+  loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
+  loopspec-bench --config=bench/bundled.py:targets  # the README table: 4 demo + 4 GSM8K prompts
 
 Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
 proposals; greedy and sampling (T=1.0, top_p=0.7); medians of `repeats` interleaved repeats.
@@ -41,6 +42,15 @@ def get_config(arg=None):
     c.max_new_tokens = 16
     c.repeats = 1
     c.out_dir = "results/bench_bundled_quick"
-  if arg not in (None, "", "two", "quick"):
-    raise ValueError(f"unknown preset {arg!r}; known: two, quick")
+  if arg == "targets":  # the engine issue's targets: 4 demo + 4 GSM8K prompts, one request at a time
+    c.tasks = ["demo", "gsm8k"]
+    c.num_prompts = 4
+    c.max_new_tokens = 96
+    c.methods_by_model = {
+        "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"],
+        "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2"],
+    }
+    c.out_dir = "results/bench_targets"
+  if arg not in (None, "", "two", "quick", "targets"):
+    raise ValueError(f"unknown preset {arg!r}; known: two, quick, targets")
   return c

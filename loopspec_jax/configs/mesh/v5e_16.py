@@ -1,4 +1,6 @@
-"""TPU v5e-16 (v5litepod-16): 4 hosts x 4 chips, 16 GiB HBM each; needs `loopspec_jax.parallel.distributed.initialize_from_env()`.
+"""TPU v5e-16 (v5litepod-16): 4 hosts x 4 chips, 16 GiB HBM each.
+
+Needs `loopspec_jax.parallel.distributed.initialize_from_env()` (one process per host).
 
 (4, 4): one request group per host-sized slice of 4 chips, model-parallel over 4.
 """

@@ -59,7 +59,7 @@ def get_config(arg=None):
     c.max_new_tokens = 16
     c.samplings = "greedy"
     c.configs = "1,4"
-    c.lane_capacity = 24  # no skipped spawns for (1, 4), so Theorem 1's greedy bound applies as stated
+    c.lane_capacity = 64  # R/d1 = 8 stages x 8 lanes: no skipped spawns for (1, 4), so Theorem 1 applies as stated
     c.chain_d1 = 2
     c.chain_gammas = "2"
     c.repeats = 1

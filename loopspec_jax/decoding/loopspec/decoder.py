@@ -49,7 +49,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, l
   width = S.stage_width(cfg.recurrence, d1, d2, lane_capacity)
   shape = S.PipelineShape(cfg.recurrence, d1, d2, width)
   return common.Decoder(
-      name="loopspec", readout_depths=shape.readouts, cache_group=d1, extra_positions=0, init=S.initial_state,
+      name="loopspec", readout_depths=shape.readouts, cache_group=d1, extra_positions=1, init=S.initial_state,
       loop=decode_loop, stats=functools.partial(summarize, cfg=cfg, shape=shape),
       init_kw={"cfg": cfg, "shape": shape, "greedy": greedy},
       loop_kw={"cfg": cfg, "shape": shape, "greedy": greedy, "random_init": random_init})

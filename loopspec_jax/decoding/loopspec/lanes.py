@@ -88,21 +88,27 @@ def write_rows(pairs, idx: int, lead, ids, k, v):
 
 def commit_entries(cache: kvcache.KVCache, spec, root, pos) -> kvcache.KVCache:
   """Moves lane `root` [B]'s speculative entries (every block, layer and readout) into the committed prefix
-  at positions pos [B] (pos = T drops the write: no root this tick). One scatter per buffer, in place."""
+  at positions pos [B]; a request without a root this tick writes to the cache's last position, a scratch
+  position no query ever reads (the cache holds one more position than a request can fill).
+
+  One dynamic_update_slice per (buffer, request): a pure data move that XLA updates in place for every dtype
+  (a bf16 scatter is normalised to f32 on CPU and then copies the whole buffer).
+  """
   b = root.shape[0]
-  bi = jnp.arange(b)
 
-  def move(dst_pairs, src_pairs, lead: bool):
-    out = []
-    for dst, src in zip(dst_pairs, src_pairs):
-      if lead:  # [L, B, KV, T, D] <- [L, B, KV, N, D] at (b, root[b]) -> (b, pos[b]); advanced dims lead
-        out.append(tuple(d.at[:, bi, :, pos].set(s[:, bi, :, root], mode="drop") for d, s in zip(dst, src)))
-      else:
-        out.append(tuple(d.at[bi, :, pos].set(s[bi, :, root], mode="drop") for d, s in zip(dst, src)))
-    return tuple(out)
+  def move(buf, src, lead: bool):
+    for i in range(b):
+      if lead:  # [L, B, KV, T, D] <- [L, B, KV, N, D]
+        entry = jax.lax.dynamic_slice_in_dim(src[:, i:i + 1], root[i], 1, axis=3)
+        buf = jax.lax.dynamic_update_slice(buf, entry, (0, i, 0, pos[i], 0))
+      else:  # [B, KV, T, D] <- [B, KV, N, D]
+        entry = jax.lax.dynamic_slice_in_dim(src[i:i + 1], root[i], 1, axis=2)
+        buf = jax.lax.dynamic_update_slice(buf, entry, (i, 0, pos[i], 0))
+    return buf
 
-  return cache.replace(prelude=move(cache.prelude, spec.prelude, False), core=move(cache.core, spec.core, True),
-                       coda=move(cache.coda, spec.coda, True))
+  moved = lambda dst, src, lead: tuple(tuple(move(d, s, lead) for d, s in zip(dp, sp)) for dp, sp in zip(dst, src))
+  return cache.replace(prelude=moved(cache.prelude, spec.prelude, False), core=moved(cache.core, spec.core, True),
+                       coda=moved(cache.coda, spec.coda, True))
 
 
 def allocate_lanes(want1, want2):

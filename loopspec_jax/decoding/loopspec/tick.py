@@ -69,10 +69,9 @@ def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConf
   pos = ln.pos[:, rows]
   # pre: the W lanes of group 0 are exactly the lanes at depth 0.
   fresh = rows[:w]
-  self_w = jnp.broadcast_to(jnp.eye(w, dtype=bool), (b, w, w))
-  pmask = jnp.broadcast_to(prefix_mask[:, None, :], (b, w, t))
-  pre_ctx = lambda l: [(*cache.prelude[l], pmask), (*spec.prelude[l], anc[:, :w])]
-  e0, k, v = M.pre(params, ln.token[:, fresh], pos[:, :w], self_w, pre_ctx, cfg)
+  one = lambda kv: tuple(x[None] for x in kv)  # a single group: [1, B, KV, T or N, D]
+  pre_ctx = lambda l: L.grouped_attend(one(cache.prelude[l]), one(spec.prelude[l]), prefix_mask, anc[:, :w], cfg)
+  e0, k, v = M.pre(params, ln.token[:, fresh], pos[:, :w], None, pre_ctx, cfg)
   prelude = spec.prelude
   for l in range(k.shape[0]):
     prelude = L.write_rows(prelude, l, None, kvcache.ordered(fresh, e0, n), k[l], v[l])
@@ -181,7 +180,7 @@ def commit(st: LoopSpecState, spec, ver: Verified, sp: common.SamplingParams):
   bi = jnp.arange(b)
   root_pos = st.lanes.pos[bi, ver.root]
   # The commit index depends on y, i.e. on every read of this tick: the writes are ordered after them.
-  cache = L.commit_entries(st.cache, spec, ver.root, jnp.where(ver.has_root & (ver.y >= 0), root_pos, t))
+  cache = L.commit_entries(st.cache, spec, ver.root, jnp.where(ver.has_root & (ver.y >= 0), root_pos, t - 1))
   n_commit = ver.has_root.astype(jnp.int32)
   tokens, length, n_new, done, _ = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, ver.y[:, None],
                                                         n_commit, sp)
