@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared command for a CUDA machine: install the project with CUDA JAX and run the bundled-model
-# benchmark (AR, chain, LoopSpec single and two proposals; greedy and sampled), in under 10 minutes.
+# One prepared command for a CUDA machine: install the project with CUDA JAX, run the engine issue's benchmark on
+# the bundled models (AR, chain, LoopSpec; greedy and sampled) and on a real-shape random Huginn-0125 in bf16.
 #   launch/bench_gpu.sh              # install + run, results in results/bench_gpu/
 #   launch/bench_gpu.sh --dry-run    # print the commands only
 set -euo pipefail
@@ -12,7 +12,8 @@ CMDS=(
   "$VENV/bin/pip install --upgrade pip"
   "$VENV/bin/pip install .[dev] jax[cuda12]"
   "$VENV/bin/python -c 'import jax; print(jax.devices())'"
-  "$VENV/bin/python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.out_dir=results/bench_gpu"
+  "$VENV/bin/python -m loopspec_jax.experiments.bench --config=bench/bundled.py:targets --config.out_dir=results/bench_gpu"
+  "$VENV/bin/python -m loopspec_jax.experiments.bench --config=bench/default.py:huginn_0125 --config.out_dir=results/bench_gpu_huginn"
 )
 for c in "${CMDS[@]}"; do
   echo "+ $c"

@@ -199,6 +199,7 @@ class ScriptTest(chex.TestCase):
 
   def test_generate_script_main(self):
     from loopspec_jax.configs import generate as gen_config
+    from loopspec_jax.experiments import common as exp_common
     from loopspec_jax.experiments import generate as script
     _, oracle = fixture("huginn_tiny")
     ids = ",".join(str(t) for t in oracle["input_ids"])
@@ -207,9 +208,7 @@ class ScriptTest(chex.TestCase):
             f"--config.max_new_tokens={N_NEW}"]
     out = io.StringIO()
     try:
-      # config_flags discovers the --config.* overrides in sys.argv (not in the list given to FLAGS).
-      with mock.patch.object(sys, "argv", argv):
-        rest = script.FLAGS(argv)
+      rest = exp_common.parse_flags(script.FLAGS, argv)  # re-parsable in one process (other tests parse too)
       with redirect_stdout(out):
         script.main(rest)
       self.assertEqual(script._CONFIG.value.max_new_tokens, N_NEW)

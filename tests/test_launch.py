@@ -70,7 +70,8 @@ def test_tpu_vm_env_experiment_and_bad_accelerator():
 def test_bench_gpu_dry_run_uses_the_package_module():
   out = _run("bench_gpu.sh", "--dry-run")
   assert out.returncode == 0, out.stderr
-  assert "-m loopspec_jax.experiments.bench --config=bench/bundled.py:two" in out.stdout
+  assert "-m loopspec_jax.experiments.bench --config=bench/bundled.py:targets" in out.stdout
+  assert "--config=bench/default.py:huginn_0125" in out.stdout
 
 
 def test_distributed_settings_and_single_process_noop(monkeypatch):
@@ -92,3 +93,9 @@ def test_distributed_settings_and_single_process_noop(monkeypatch):
 def test_distributed_defines_no_flags():
   assert not [name for name in flags.FLAGS if name.startswith("dist_")]
   assert not flags.FLAGS.flags_by_module_dict().get(distributed.__name__)
+
+
+def test_bench_tpu_dry_run_runs_both_benchmarks():
+  out = _run("bench_tpu.sh", "--dry-run")
+  assert out.returncode == 0, out.stderr
+  assert "bench/bundled.py:targets" in out.stdout and "bench/default.py:huginn_0125" in out.stdout

@@ -32,7 +32,8 @@ def test_one_device_totals_equal_eval_shape_sizes(method):
     assert row[cat] == _bytes(tree), cat
   assert row["total"] == sum(_bytes(t) for t in trees.values())
   # The committed cache is k and v of [..., B, KV, T, D] blocks (bf16) for every cached layer and step.
-  per_block = 3 * cfg.num_kv_heads * 64 * cfg.head_dim * 2
+  positions = 64 + (1 if method == "loopspec" else 0)  # LoopSpec's cache has one scratch position
+  per_block = 3 * cfg.num_kv_heads * positions * cfg.head_dim * 2
   assert row["committed_kv"] % (2 * per_block) == 0 and row["committed_kv"] >= 2 * per_block * cfg.recurrence
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopspec_jax import api
+from loopspec_jax import prompts as prompt_sets
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
 from loopspec_jax.decoding import sampling as S
@@ -101,7 +102,6 @@ def prepare_prompts(task: str, model, num: int, *, max_new_tokens: int, prompt_l
   if task == "random":
     rng = np.random.RandomState(seed)
     return [rng.randint(0, cfg.vocab_size, prompt_len).tolist() for _ in range(num)]
-  from loopspec_jax import prompts as prompt_sets
   keep = cfg.max_len - max_new_tokens
   if max_prompt_tokens:
     keep = min(keep, int(max_prompt_tokens))

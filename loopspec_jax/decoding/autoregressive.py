@@ -79,15 +79,13 @@ def decode_loop(params, state: DecodeState, sp: common.SamplingParams, *, cfg: M
     return DecodeState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done,
                        iterations=st.iterations + 1)
 
-  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+  return common.loop_until_done(body, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> DecodeState:
   del sp, cfg
-  b = tokens.shape[0]
-  return DecodeState(cache=cache, tokens=tokens, length=lengths, n_new=jnp.zeros((b,), jnp.int32),
-                     done=jnp.zeros((b,), bool), iterations=jnp.int32(0))
+  return DecodeState(cache=cache, **common.fresh_counters(tokens, lengths), iterations=jnp.int32(0))
 
 
 def summarize(st: DecodeState, cfg: ModelConfig) -> common.DecodeStats:

@@ -123,16 +123,15 @@ def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: Mo
                       rounds=st.rounds + live, accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
                       iterations=st.iterations + 1)
 
-  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), round_, state)
+  return common.loop_until_done(round_, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
   del sp, cfg
-  b = tokens.shape[0]
-  zb = jnp.zeros((b,), jnp.int32)
-  return ChainState(cache=cache, tokens=tokens, length=lengths, n_new=zb, done=jnp.zeros((b,), bool),
-                    rounds=zb, accepted=zb, iterations=jnp.int32(0))
+  zb = jnp.zeros((tokens.shape[0],), jnp.int32)
+  return ChainState(cache=cache, **common.fresh_counters(tokens, lengths), rounds=zb, accepted=zb,
+                    iterations=jnp.int32(0))
 
 
 def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.DecodeStats:

@@ -80,6 +80,17 @@ def prefill_state(params, prompt, lengths, sp: SamplingParams, *, cfg: ModelConf
   return cache, tokens
 
 
+def fresh_counters(tokens, lengths) -> dict:
+  """The per-request fields every decode state starts with: tokens [B, T], length [B], n_new and done [B]."""
+  b = tokens.shape[0]
+  return {"tokens": tokens, "length": lengths, "n_new": jnp.zeros((b,), jnp.int32), "done": jnp.zeros((b,), bool)}
+
+
+def loop_until_done(body, state):
+  """The decode loop: `body` until every request is done, on device (no host round trip per token or tick)."""
+  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+
+
 def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):
   """Appends up to S tokens y [B, S] per request (the first n_commit [B]), stopping at eos and the budget.
 

@@ -140,7 +140,8 @@ def main(argv):
   cfg = _CONFIG.value
   rows = []
   for model_spec in common.split_list(cfg.models):
-    model = common.resolve_model(model_spec, contraction=cfg.get("contraction"), seed=cfg.seed)
+    model = common.resolve_model(model_spec, contraction=cfg.get("contraction"), seed=cfg.seed,
+                                 dtype=cfg.get("dtype") or "float32")
     name = cfg.get("model_label") or model_spec
     for task in common.split_list(cfg.tasks):
       prompts = load_prompt_set(task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)

@@ -14,11 +14,10 @@ import json
 import os
 import time
 
-from absl import app
+from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-import loopspec_jax.configs.cost
 from loopspec_jax.analysis import cost
 from loopspec_jax.checkpoint import native
 from loopspec_jax.config import ModelConfig
@@ -26,8 +25,9 @@ from loopspec_jax.configs import accelerators as accel_configs
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.experiments import common
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(loopspec_jax.configs.cost.__file__), "default.py")
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "cost report config")
+FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("cost/default.py"), "Cost report settings.",
+                                          flag_values=FLAGS)
 
 GB = 1e9
 
@@ -145,5 +145,9 @@ def main(argv):
     print(f"wrote {c.out}")
 
 
+def run():
+  common.run(main, FLAGS)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

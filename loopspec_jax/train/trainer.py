@@ -29,8 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from loopspec_jax.checkpoint import native
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
+from loopspec_jax.models.model import LoopedModel
 from loopspec_jax.config import ModelConfig, from_config_dict
 from loopspec_jax.train import data as D
 
@@ -353,11 +355,10 @@ class Trainer:
 
   # -- export -------------------------------------------------------------------------------------
   def export(self, state, out_dir: str, command: str = "", train_seconds: Optional[float] = None) -> dict:
-    """Saves the model with `loopspec_jax.api.save` and writes MODEL_CARD.md with held-out numbers."""
-    from loopspec_jax import api
+    """Saves the model (`loopspec_jax.save`) and writes MODEL_CARD.md with held-out numbers."""
     c = self.config
     params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), jax.device_get(state["params"]))
-    api.save(api.LoopedModel(self.cfg, params, self.corpus.tokenizer), out_dir)
+    native.save(LoopedModel(self.cfg, params, self.corpus.tokenizer), out_dir)
     ev = evaluate(params, self.eval_windows(c.card_eval_windows), c.card_depths, self.cfg)
     with open(os.path.join(out_dir, "MODEL_CARD.md"), "w") as f:
       f.write(model_card(c, self.cfg, ev, int(state["step"]), command, train_seconds, self.corpus))

@@ -2,6 +2,7 @@
 
   loopspec-bench                                  # this config (the default)
   loopspec-bench --config=bench/default.py:quick  # CI-sized
+  loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Huginn-0125 in bf16 (accelerators)
 """
 import ml_collections
 from ml_collections import config_dict
@@ -23,12 +24,21 @@ def get_config(arg=None):
                          "sample": {"temperature": 1.0, "top_p": 0.7}}
   c.methods = ["ar", "chain:d1=2,gamma=6", "loopspec:d1=2", "loopspec:d1=2,d2=8"]
   c.methods_by_model = {}
+  c.dtype = "float32"
   c.out_dir = "results/bench"
-  if arg == "quick":
+  if arg == "huginn_0125":  # the real Huginn-0125 shape (3.5B parameters), random contractive weights, bf16
+    c.models = ["random:huginn:0125"]
+    c.model_label = "huginn-0125 shape (random, contractive, bf16)"
+    c.dtype = "bfloat16"
+    c.num_prompts = 2
+    c.max_new_tokens = 64
+    c.methods = ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"]
+    c.out_dir = "results/bench_huginn_0125"
+  elif arg == "quick":
     c.num_prompts = 1
     c.max_new_tokens = 16
     c.repeats = 1
     c.out_dir = "results/bench_quick"
   elif arg:
-    raise ValueError(f"unknown preset {arg!r}; known: quick")
+    raise ValueError(f"unknown preset {arg!r}; known: quick, huginn_0125")
   return c

@@ -1,8 +1,8 @@
 """Cost report of the decoders at real sizes: one AR token, one chain round and one LoopSpec tick.
 
-  python -m loopspec_jax.experiments.cost_report
-  python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
-  python -m loopspec_jax.experiments.cost_report --config=loopspec_jax/configs/cost/default.py:quick
+  loopspec-cost-report
+  loopspec-cost-report --config.models=tiny_raven,tiny_ouro
+  loopspec-cost-report --config=cost/default.py:quick
 
 `models` names entries of `model_settings`: `spec` is a `configs.models.model_config` spec or
 "bundled:<name>" (only the bundled model's config is read), `methods` are "name[:k=v,...]" with the

@@ -86,19 +86,28 @@ def write_rows(pairs, idx: int, lead, ids, k, v):
   return tuple(pairs)
 
 
+UNROLLED_COMMIT_MAX_BATCH = 16
+
+
 def commit_entries(cache: kvcache.KVCache, spec, root, pos) -> kvcache.KVCache:
   """Moves lane `root` [B]'s speculative entries (every block, layer and readout) into the committed prefix
   at positions pos [B]; a request without a root this tick writes to the cache's last position, a scratch
   position no query ever reads (the cache holds one more position than a request can fill).
 
-  One dynamic_update_slice per (buffer, request): a pure data move that XLA updates in place for every dtype
-  (a bf16 scatter is normalised to f32 on CPU and then copies the whole buffer).
+  Up to UNROLLED_COMMIT_MAX_BATCH requests: one dynamic_update_slice per (buffer, request), a pure data move that
+  XLA updates in place for every dtype. Larger batches: one scatter per buffer (in place too, except that XLA CPU
+  normalises a bf16 scatter to f32 and then copies the buffer; accelerators do not).
   """
   b = root.shape[0]
+  bi = jnp.arange(b)
 
   def move(buf, src, lead: bool):
+    if b > UNROLLED_COMMIT_MAX_BATCH:
+      if lead:  # [L, B, KV, T, D] <- [L, B, KV, N, D] at (b, root[b]) -> (b, pos[b]); advanced dims lead
+        return buf.at[:, bi, :, pos].set(src[:, bi, :, root], mode="promise_in_bounds")
+      return buf.at[bi, :, pos].set(src[bi, :, root], mode="promise_in_bounds")
     for i in range(b):
-      if lead:  # [L, B, KV, T, D] <- [L, B, KV, N, D]
+      if lead:
         entry = jax.lax.dynamic_slice_in_dim(src[:, i:i + 1], root[i], 1, axis=3)
         buf = jax.lax.dynamic_update_slice(buf, entry, (0, i, 0, pos[i], 0))
       else:  # [B, KV, T, D] <- [B, KV, N, D]

@@ -326,4 +326,4 @@ def decode_loop(params, state: LoopSpecState, sp: common.SamplingParams, *, cfg:
                 greedy: bool, random_init: bool):
   """Ticks until every request is done; the loop never returns to the host."""
   tick = make_tick(M.prepare_params(params, cfg), sp, cfg, shape, greedy, random_init)
-  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), tick, state)
+  return common.loop_until_done(tick, state)
