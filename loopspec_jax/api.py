@@ -3,6 +3,7 @@
 `generate` validates its arguments (before anything compiles), builds the chosen method's `Decoder` and
 hands it to the one host driver, `decoding.common.run_decoder`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,12 +30,12 @@ save = native.save
 METHODS = ("ar", "chain", "loopspec")
 _METHOD_ARGS = {"ar": (), "chain": ("d1", "gamma"), "loopspec": ("d1", "d2", "lane_capacity")}
 
-__all__ = ["GenerateResult", "LoopedModel", "bundled_models", "from_config", "generate", "load", "readouts",
-           "save"]
+__all__ = ["GenerateResult", "LoopedModel", "bundled_models", "from_config", "generate", "load", "readouts", "save"]
 
 
-def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mesh=None,
-         sharding_rules=None) -> LoopedModel:
+def load(
+    path: str, *, family: Optional[str] = None, dtype: str = "float32", mesh=None, sharding_rules=None
+) -> LoopedModel:
   """Loads a bundled model by name, one of the project's own checkpoints, or an HF checkpoint directory.
 
   HF directories hold config.json plus model.safetensors or a sharded model.safetensors.index.json; the
@@ -44,8 +45,9 @@ def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mes
   if not os.path.isdir(path) and path in native.bundled_models():
     path = native.bundled_path(path)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"no checkpoint directory or bundled model named {path!r} "
-                            f"(bundled: {native.bundled_models()})")
+    raise FileNotFoundError(
+        f"no checkpoint directory or bundled model named {path!r} " f"(bundled: {native.bundled_models()})"
+    )
   if native.is_native(path):
     model = native.load(path, dtype)
     if family is not None and family != model.config.family:
@@ -55,8 +57,7 @@ def load(path: str, *, family: Optional[str] = None, dtype: str = "float32", mes
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), np_params)
     model = LoopedModel(cfg, params, native.load_tokenizer(path), source=path)
   if mesh is not None:
-    model = dataclasses.replace(model, params=sharding.shard_params(model.params, model.config, mesh,
-                                                                    sharding_rules))
+    model = dataclasses.replace(model, params=sharding.shard_params(model.params, model.config, mesh, sharding_rules))
   return model
 
 
@@ -82,9 +83,9 @@ def readouts(model: LoopedModel, token_ids, depths=None, *, init_state=None) -> 
 
 
 _forward_depths = jax.jit(
-    lambda params, tokens, lengths, noise, depths, cfg: M.forward_depths(params, tokens, lengths, depths, cfg,
-                                                                           noise),
-    static_argnames=("depths", "cfg"))
+    lambda params, tokens, lengths, noise, depths, cfg: M.forward_depths(params, tokens, lengths, depths, cfg, noise),
+    static_argnames=("depths", "cfg"),
+)
 
 
 def _make_decoder(method: str, cfg, greedy: bool, random_init: bool, method_args: dict) -> common.Decoder:
@@ -99,11 +100,27 @@ def _make_decoder(method: str, cfg, greedy: bool, random_init: bool, method_args
   return module.make_decoder(cfg, greedy=greedy, random_init=random_init, **kw)
 
 
-def generate(model: LoopedModel, prompts, *, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: Optional[int] = None,
-             init_state: str = "zeros", d1: Optional[int] = None, d2: Optional[int] = None,
-             gamma: Optional[int] = None, lane_capacity: Optional[int] = None, request_ids=None,
-             mesh=None, speculate_max_batch: Optional[int] = None, sharding_rules=None) -> GenerateResult:
+def generate(
+    model: LoopedModel,
+    prompts,
+    *,
+    max_new_tokens: int,
+    method: str = "ar",
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: Optional[int] = None,
+    init_state: str = "zeros",
+    d1: Optional[int] = None,
+    d2: Optional[int] = None,
+    gamma: Optional[int] = None,
+    lane_capacity: Optional[int] = None,
+    request_ids=None,
+    mesh=None,
+    speculate_max_batch: Optional[int] = None,
+    sharding_rules=None,
+) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with method 'ar', 'chain' (d1, gamma) or 'loopspec' (d1, d2).
 
   Every method is lossless with respect to full-depth decoding. Returns new tokens per prompt and stats.
@@ -133,10 +150,10 @@ def generate(model: LoopedModel, prompts, *, max_new_tokens: int, method: str = 
   lengths = [len(p) for p in prompts]
   tp, total = common.buckets(lengths, max_new_tokens, cfg)
   prompt_arr, len_arr = common.batch_prompts(prompts, tp)
-  sp = common.make_sampling_params(len(prompts), max_new_tokens, temperature, top_k, top_p, seed, eos_id,
-                                   request_ids)
+  sp = common.make_sampling_params(len(prompts), max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids)
   if len(prompts) > n_real:  # dummy requests stop after one token
     sp = sp.replace(max_new=sp.max_new.at[n_real:].set(1))
-  result = common.run_decoder(decoder, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total,
-                              random_init=random_init, mesh=mesh)
+  result = common.run_decoder(
+      decoder, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
+  )
   return result if mesh is None else sharding.drop_padding(result, n_real)

@@ -2,6 +2,7 @@
 
 It is hashable so that jitted functions can take it as a static argument (one compile per config).
 """
+
 from __future__ import annotations
 
 import dataclasses

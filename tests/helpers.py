@@ -37,6 +37,7 @@ Every decoder draws its randomness through `sampling.request_key(base_key, reque
 `traced_key_purposes` relies only on that contract and on `decoding.common.Decoder` (the decoder's `init` and
 `loop`), so it applies unchanged to any decoder that `generate` dispatches to.
 """
+
 from __future__ import annotations
 
 import collections
@@ -92,8 +93,7 @@ def tiny_model(spec: str, contraction=None, seed: int = 0, **overrides):
 @functools.lru_cache(maxsize=None)
 def _generate_cached(spec, contraction, method, prompts, max_new, seed, kw):
   model = tiny_model(spec, contraction, seed)
-  return loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=max_new, method=method,
-                               **dict(kw))
+  return loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=max_new, method=method, **dict(kw))
 
 
 def generate_cached(spec, contraction, method, prompts=PROMPTS, max_new=MAX_NEW, seed=0, **kw):
@@ -109,7 +109,7 @@ def eos_run(spec, contraction, method, **kw):
   eos = free.tokens[1][4]
   want = generate_cached(spec, contraction, "ar", prompts=EOS_PROMPTS, eos_id=eos)
   for full, cut in zip(free.tokens, want.tokens):
-    assert cut == (full[:full.index(eos) + 1] if eos in full else full)
+    assert cut == (full[: full.index(eos) + 1] if eos in full else full)
   assert len(set(len(t) for t in want.tokens)) > 1, want.tokens
   got = generate_cached(spec, contraction, method, prompts=EOS_PROMPTS, eos_id=eos, **kw)
   assert got.tokens == want.tokens, got.stats
@@ -118,8 +118,7 @@ def eos_run(spec, contraction, method, **kw):
 
 def ar_tokens(model, prompts, max_new: int, **kw) -> list:
   """The full-depth autoregressive continuation (new tokens per prompt) every lossless method must reproduce."""
-  return loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=max_new, method="ar",
-                               **kw).tokens
+  return loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=max_new, method="ar", **kw).tokens
 
 
 def assert_rejected_before_compiling(model, args: dict, match: str, entry_points) -> None:
@@ -159,15 +158,19 @@ def sampling_runs(model, method: str, method_kw: dict, entry_points) -> dict:
   """
   chex.clear_trace_counter()
   fresh = [fresh_jit(getattr(mod, name)) for mod, name in entry_points]
-  gen = lambda prompts, **kw: loopspec_jax.generate(model, [list(p) for p in prompts], max_new_tokens=MAX_NEW,
-                                                    method=method, **method_kw, **kw)
+  gen = lambda prompts, **kw: loopspec_jax.generate(
+      model, [list(p) for p in prompts], max_new_tokens=MAX_NEW, method=method, **method_kw, **kw
+  )
   other = ((9, 8, 7, 6, 5, 4), (30, 31))
   with contextlib.ExitStack() as stack:
     for (mod, name), fn in zip(entry_points, fresh):
       stack.enter_context(mock.patch.object(mod, name, fn))
-    out = {"a": gen(PROMPTS, seed=0), "again": gen(PROMPTS, seed=0),
-           "moved": gen((other[0], PROMPTS[0], other[1]), seed=0, request_ids=[7, 0, 9]),
-           "seed1": gen(PROMPTS, seed=1)}
+    out = {
+        "a": gen(PROMPTS, seed=0),
+        "again": gen(PROMPTS, seed=0),
+        "moved": gen((other[0], PROMPTS[0], other[1]), seed=0, request_ids=[7, 0, 9]),
+        "seed1": gen(PROMPTS, seed=1),
+    }
   out["cache_sizes"] = tuple(fn._cache_size() for fn in fresh)
   return out
 
@@ -246,7 +249,7 @@ def chi2_power(n: int, probs, tv: float = 0.05, alpha: float = 0.01) -> float:
   big = _pool(probs / probs.sum() * n)
   df = int(big.sum()) + int((~big).any()) - 1
   crit = stats.chi2.ppf(1 - alpha, df)
-  return float(stats.ncx2.sf(crit, df, n * 4 * tv ** 2))
+  return float(stats.ncx2.sf(crit, df, n * 4 * tv**2))
 
 
 def rand_dist(rng, v: int, kind: str = "dense"):
@@ -273,7 +276,7 @@ def greedy_argmax(model, prompt, new_tokens, depths, margin: float = 1e-4) -> np
   """
   ids = list(prompt) + list(new_tokens)
   lg = loopspec_jax.readouts(model, ids, depths=tuple(depths))
-  lg = lg[:, len(prompt) - 1:len(ids) - 1]  # [D, n, V]
+  lg = lg[:, len(prompt) - 1 : len(ids) - 1]  # [D, n, V]
   top2 = np.sort(lg, axis=-1)[..., -2:]
   gap = top2[..., 1] - top2[..., 0]
   assert gap.min() > margin, f"argmax near-tie (gap {gap.min():.2e}) at depth/position {np.argwhere(gap <= margin)}"
@@ -291,10 +294,16 @@ def loopspec_sources(model, prompt, new_tokens, d1: int, d2) -> dict:
   depths = (d1, r) if d2 is None else (d1, d2, r)
   a = greedy_argmax(model, prompt, new_tokens, depths)
   assert a[-1].tolist() == list(new_tokens), "the depth-R readouts disagree with the AR continuation"
-  src = np.where(a[0] == a[-1], SOURCE_FIRST,
-                 np.where((d2 is not None) & (a[1] == a[-1]), SOURCE_SECOND, SOURCE_RESTART))
-  return {"first": int((src == SOURCE_FIRST).sum()), "second": int((src == SOURCE_SECOND).sum()),
-          "restart": int((src == SOURCE_RESTART).sum()), "last_source": int(src[-1]), "sources": src.tolist()}
+  src = np.where(
+      a[0] == a[-1], SOURCE_FIRST, np.where((d2 is not None) & (a[1] == a[-1]), SOURCE_SECOND, SOURCE_RESTART)
+  )
+  return {
+      "first": int((src == SOURCE_FIRST).sum()),
+      "second": int((src == SOURCE_SECOND).sum()),
+      "restart": int((src == SOURCE_RESTART).sum()),
+      "last_source": int(src[-1]),
+      "sources": src.tolist(),
+  }
 
 
 def chain_counts(model, prompt, new_tokens, d1: int, gamma: int) -> tuple:
@@ -350,8 +359,7 @@ def record_key_purposes():
     yield calls
 
 
-def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: bool = False,
-                        **method_args) -> list:
+def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: bool = False, **method_args) -> list:
   """The `KeyRequest`s made while the decode loop of `method` (one iteration body) is traced, sampling on.
 
   The loop state is built abstractly (`jax.eval_shape`, outside the recording); the loop is traced with
@@ -365,10 +373,17 @@ def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: 
   sp = common.make_sampling_params(len(prompts), max_new, 0.8, 0, 1.0, 0, None)
 
   def build(params, prompt_arr, len_arr, sp):
-    cache, tokens = common.prefill_state(params, prompt_arr, len_arr, sp, cfg=cfg,
-                                         readout_depths=decoder.readout_depths,
-                                         total_len=total + decoder.extra_positions, random_init=random_init,
-                                         cache_group=decoder.cache_group)
+    cache, tokens = common.prefill_state(
+        params,
+        prompt_arr,
+        len_arr,
+        sp,
+        cfg=cfg,
+        readout_depths=decoder.readout_depths,
+        total_len=total + decoder.extra_positions,
+        random_init=random_init,
+        cache_group=decoder.cache_group,
+    )
     return decoder.init(cache, tokens, len_arr, sp, **decoder.init_kw)
 
   state = jax.eval_shape(build, model.params, prompt_arr, len_arr, sp)

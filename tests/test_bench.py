@@ -1,4 +1,5 @@
 """The side-by-side benchmark runs end to end; experiment flags, specs and stats sums follow one convention."""
+
 import json
 import os
 import sys
@@ -22,8 +23,7 @@ class BenchTest(chex.TestCase):
     model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
     methods = ["ar", "chain:d1=2,gamma=3", "loopspec:d1=2", "loopspec:d1=2,d2=4"]
-    res = bench.benchmark(model, prompts, methods, {"temperature": 0.0}, max_new_tokens=8, repeats=1,
-                          progress=False)
+    res = bench.benchmark(model, prompts, methods, {"temperature": 0.0}, max_new_tokens=8, repeats=1, progress=False)
     self.assertEqual(list(res), ["ar", "chain(d1=2,gamma=3)", "loopspec(d1=2)", "loopspec(d1=2,d2=4)"])
     r = model.config.recurrence
     for label, x in res.items():
@@ -39,8 +39,9 @@ class BenchTest(chex.TestCase):
     self.assertAlmostEqual(ch["mean_accepted_length"], theory.chain_accepted_length(r, 2, 3, 16, ch["rounds"]))
     ls = res["loopspec(d1=2,d2=4)"]
     c = ls["commits"]
-    self.assertAlmostEqual(ls["mean_accepted_length"],
-                           theory.gamma_from_counts(r, 2, 4, 16, c["second"] + c["restart"], c["restart"]))
+    self.assertAlmostEqual(
+        ls["mean_accepted_length"], theory.gamma_from_counts(r, 2, 4, 16, c["second"] + c["restart"], c["restart"])
+    )
     # With a contractive core, most first proposals are accepted.
     self.assertGreater(ls["mean_accepted_length"], 2.0)
     rows = [{"model": "tiny", "task": "random", "sampling": "greedy", "method": k, **v} for k, v in res.items()]
@@ -96,8 +97,9 @@ class FlagsTest(absltest.TestCase):
     cwd = os.getcwd()
     os.chdir("/")  # works from any directory
     try:
-      rest, cfg = self._parse(bench, "--config=bench/bundled.py:quick", "--config.repeats=2",
-                              "--config.contraction=none", "extra")
+      rest, cfg = self._parse(
+          bench, "--config=bench/bundled.py:quick", "--config.repeats=2", "--config.contraction=none", "extra"
+      )
     finally:
       os.chdir(cwd)
     self.assertEqual(rest, ["prog", "extra"])

@@ -7,6 +7,7 @@ in the (16, 32) length bucket, and results are cached. Each family uses a differ
 default run covers gamma = 1, 2, 3 and d1 = 1, 2 at a small (gamma + 1) * d1 (the drafting steps are
 unrolled, so compile time grows with it); more (d1, gamma) per family and the HF fixtures are marked slow.
 """
+
 import math
 
 import chex
@@ -123,9 +124,9 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, d1=1, gamma=2)
 
 def test_sampling_traces_once_and_is_seeded_and_batch_independent():
   """Four sampling calls of one chain configuration (see `helpers.sampling_runs`)."""
-  runs = helpers.sampling_runs(tiny_model("ouro:tiny", 0.05), "chain", SAMPLING, [
-      (common, "prefill_state"),
-      (chain, "decode_loop")])
+  runs = helpers.sampling_runs(
+      tiny_model("ouro:tiny", 0.05), "chain", SAMPLING, [(common, "prefill_state"), (chain, "decode_loop")]
+  )
   assert runs["cache_sizes"] == (1, 1)  # prefill and decode loop: each compiled exactly once
   helpers.assert_seeded_and_batch_independent(runs, 64)
   rates = [runs[k].stats["acceptance_rate"] for k in ("a", "moved", "seed1")]
@@ -137,18 +138,21 @@ def test_sampling_traces_once_and_is_seeded_and_batch_independent():
 # ---------------------------------------------------------------------------------------------------
 # Invalid configurations are rejected before anything compiles
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(gamma=0), r"gamma >= 1, got 0"),
-    (dict(gamma=-2), r"gamma >= 1, got -2"),
-    (dict(gamma=None), r"gamma >= 1, got None"),
-    (dict(gamma=1.5), r"gamma >= 1, got 1.5"),
-    (dict(d1=8), r"draft depth 1 <= d1 < R=8, got 8"),
-    (dict(d1=9), r"draft depth 1 <= d1 < R=8, got 9"),
-    (dict(d1=0), r"draft depth 1 <= d1 < R=8, got 0"),
-    (dict(d1=None), r"draft depth 1 <= d1 < R=8, got None"),
-    (dict(prompts=[[1, 64]]), r"token id 64 outside the vocabulary \[0, 64\)"),
-    (dict(prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(gamma=0), r"gamma >= 1, got 0"),
+        (dict(gamma=-2), r"gamma >= 1, got -2"),
+        (dict(gamma=None), r"gamma >= 1, got None"),
+        (dict(gamma=1.5), r"gamma >= 1, got 1.5"),
+        (dict(d1=8), r"draft depth 1 <= d1 < R=8, got 8"),
+        (dict(d1=9), r"draft depth 1 <= d1 < R=8, got 9"),
+        (dict(d1=0), r"draft depth 1 <= d1 < R=8, got 0"),
+        (dict(d1=None), r"draft depth 1 <= d1 < R=8, got None"),
+        (dict(prompts=[[1, 64]]), r"token id 64 outside the vocabulary \[0, 64\)"),
+        (dict(prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
+    ],
+)
 def test_invalid_configurations_rejected_before_compiling(kwargs, match):
   model = tiny_model("raven_llama:tiny")  # R = 8, V = 64, context 64
   args = dict(prompts=[[1, 2, 3]], max_new_tokens=MAX_NEW, method="chain", d1=2, gamma=2)
@@ -160,8 +164,10 @@ def test_invalid_configurations_rejected_before_compiling(kwargs, match):
 # Slow: more (d1, gamma) per family, the HF fixtures
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("name,setting,contraction", [(n, s, c) for n, ss in EXTRA.items() for s in ss
-                                                      for c in (None, FAMILIES[n]["contraction"])])
+@pytest.mark.parametrize(
+    "name,setting,contraction",
+    [(n, s, c) for n, ss in EXTRA.items() for s in ss for c in (None, FAMILIES[n]["contraction"])],
+)
 def test_more_gammas_match_ar(name, setting, contraction):
   check_exact(name, contraction, *setting)
 

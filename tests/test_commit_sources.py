@@ -14,6 +14,7 @@ Models: every family at contraction 0.6, where readouts at shallow depths agree 
 and not on others, so first, second and restart commits all occur (asserted). 20 new tokens per request.
 Any new decoder (draft model, lookup, serving engine) should get the same check.
 """
+
 import numpy as np
 import pytest
 
@@ -24,9 +25,16 @@ CONTRACTION = 0.6
 N_NEW = 20  # with PROMPTS: the (16, 32) length bucket
 # (spec, d1, d2): per family one two-proposal pair and the single proposal; more pairs are slow. Pairs with
 # d2 >= R/2 (or d1 > 1) keep second-proposal branches from nesting, so a bounded capacity skips no spawn.
-LOOPSPEC = [("ouro:tiny", 1, 2), ("ouro:tiny", 2, None), ("huginn:tiny", 2, 4), ("huginn:tiny", 2, None),
-            ("raven_llama:tiny", 2, 6), ("raven_llama:tiny", 4, None), ("raven_olmo:tiny", 1, 4),
-            ("raven_olmo:tiny", 1, None)]
+LOOPSPEC = [
+    ("ouro:tiny", 1, 2),
+    ("ouro:tiny", 2, None),
+    ("huginn:tiny", 2, 4),
+    ("huginn:tiny", 2, None),
+    ("raven_llama:tiny", 2, 6),
+    ("raven_llama:tiny", 4, None),
+    ("raven_olmo:tiny", 1, 4),
+    ("raven_olmo:tiny", 1, None),
+]
 LOOPSPEC_SLOW = [("ouro:tiny", 1, 3), ("huginn:tiny", 1, 4), ("raven_llama:tiny", 1, 6), ("raven_olmo:tiny", 2, 4)]
 # (spec, d1, gamma)
 CHAIN = [("ouro:tiny", 1, 3), ("huginn:tiny", 2, 2), ("raven_llama:tiny", 1, 4), ("raven_olmo:tiny", 2, 3)]
@@ -67,8 +75,10 @@ def check_chain(spec, d1, gamma):
   pr = got.stats["per_request"]
   for i, (prompt, toks) in enumerate(zip(PROMPTS, want.tokens)):
     accepted, rounds = helpers.chain_counts(model, prompt, toks, d1, gamma)
-    assert (pr["accepted"][i], pr["rounds"][i]) == (accepted, rounds), \
-        f"request {i}: engine accepted/rounds {(pr['accepted'][i], pr['rounds'][i])}, readouts {(accepted, rounds)}"
+    assert (pr["accepted"][i], pr["rounds"][i]) == (
+        accepted,
+        rounds,
+    ), f"request {i}: engine accepted/rounds {(pr['accepted'][i], pr['rounds'][i])}, readouts {(accepted, rounds)}"
   rate = got.stats["acceptance_rate"]
   assert 0 < rate < 1, rate
 
@@ -98,11 +108,21 @@ def test_prediction_helpers_on_a_hand_made_case(monkeypatch):
   class Model:
     config = Cfg()
 
-  monkeypatch.setattr(helpers, "greedy_argmax", lambda model, prompt, new, depths: np.array(
-      rows[tuple(depths)] if tuple(depths) in rows else [rows[(1, 4, 8)][0], rows[(1, 4, 8)][2]]))
+  monkeypatch.setattr(
+      helpers,
+      "greedy_argmax",
+      lambda model, prompt, new, depths: np.array(
+          rows[tuple(depths)] if tuple(depths) in rows else [rows[(1, 4, 8)][0], rows[(1, 4, 8)][2]]
+      ),
+  )
   src = helpers.loopspec_sources(Model(), [0], [6, 2, 9, 3, 4], 1, 4)
-  assert src["sources"] == [helpers.SOURCE_SECOND, helpers.SOURCE_RESTART, helpers.SOURCE_SECOND,
-                            helpers.SOURCE_FIRST, helpers.SOURCE_FIRST]
+  assert src["sources"] == [
+      helpers.SOURCE_SECOND,
+      helpers.SOURCE_RESTART,
+      helpers.SOURCE_SECOND,
+      helpers.SOURCE_FIRST,
+      helpers.SOURCE_FIRST,
+  ]
   assert (src["first"], src["second"], src["restart"], src["last_source"]) == (2, 2, 1, helpers.SOURCE_FIRST)
   # d1 matches R at tokens 3, 4 only. gamma = 2: round 1 rejects at once (1 token), round 2 likewise, round 3
   # likewise, round 4 accepts drafts 3 and 4, which fill the budget: 2 accepted over 4 rounds.

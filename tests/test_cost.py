@@ -1,4 +1,5 @@
 """Tests of the HLO cost model (loopspec_jax.analysis.cost): copy detection, exact counts, the AR roofline."""
+
 import re
 
 import jax
@@ -24,9 +25,11 @@ SLOT_BYTES = 64 * 32 * 4
 
 def _copying_loop(buf, v):
   """The carry holds the buffer before AND after an in-place update: XLA must copy it every iteration."""
+
   def body(c):
     i, new, old = c
     return i + 1, new.at[i].set(v), new
+
   return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, buf, buf))
 
 
@@ -34,6 +37,7 @@ def _clean_loop(buf, v):
   def body(c):
     i, b = c
     return i + 1, b.at[i].set(v)
+
   return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, buf))
 
 
@@ -55,12 +59,13 @@ def _matmul_loop(x, w):
   def body(c):
     i, x = c
     return i + 1, x @ w
+
   return jax.lax.while_loop(lambda c: c[0] < 5, body, (0, x))
 
 
 def _body_ops_by_regex(text: str) -> int:
   """Independent op count: instruction lines of the outer loop's body that are not free."""
-  body = re.search(r"body=%?([\w.\-]+)", text[text.index("ENTRY"):]).group(1)
+  body = re.search(r"body=%?([\w.\-]+)", text[text.index("ENTRY") :]).group(1)
   block = re.search(rf"\n%?{re.escape(body)} .*?\{{\n(.*?)\n\}}", text, re.S).group(1)
   ops = [re.search(r"=\s+(?:\([^=]*\)|\S+)\s+([\w\-]+)\(", line).group(1) for line in block.splitlines()]
   return sum(op not in cost.FREE_OPS for op in ops)
@@ -81,7 +86,9 @@ def test_inner_loop_is_multiplied_by_its_trip_count():
     def body(c):
       i, x = c
       return i + 1, jax.lax.fori_loop(0, 3, lambda _, y: y @ w, x)
+
     return jax.lax.while_loop(lambda c: c[0] < 5, body, (0, x))
+
   x, w = jnp.zeros((4, 8), jnp.float32), jnp.zeros((8, 8), jnp.float32)
   c = cost.analyze_hlo(_hlo(f, x, w))
   assert c.flops == 3 * 2 * 4 * 8 * 8
@@ -94,7 +101,9 @@ def test_conditional_counts_the_largest_branch_or_the_mean():
       i, x = c
       y = jax.lax.cond(i % 2 == 0, lambda x: (x @ w) @ w, lambda x: x + 1.0, x)
       return i + 1, y
+
     return jax.lax.while_loop(lambda c: c[0] < 5, body, (0, x))
+
   x, w = jnp.zeros((4, 8), jnp.float32), jnp.zeros((8, 8), jnp.float32)
   text = _hlo(f, x, w)
   hi = cost.analyze_hlo(text, branch="max")
@@ -126,8 +135,9 @@ def test_parse_tuple_shapes_and_operands():
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_ar():
-  cfg = model_config("huginn:tiny", hidden_size=256, head_dim=64, intermediate_size=512, max_len=256,
-                     embed_scale=16.0).replace(dtype="bfloat16")
+  cfg = model_config(
+      "huginn:tiny", hidden_size=256, head_dim=64, intermediate_size=512, max_len=256, embed_scale=16.0
+  ).replace(dtype="bfloat16")
   compiled = cost.compile_decode_loop(cfg, "ar")
   return cfg, compiled, cost.loop_cost(compiled)
 
@@ -150,8 +160,10 @@ def test_ar_projection_is_weights_plus_kv_over_bandwidth(tiny_ar):
   tok_s = cost.project(c, 1.0, {"h200": a})["h200"]
   assert tok_s == pytest.approx(1.0 / t)
   if c.loop_carried_copies:
-    pytest.xfail(f"the AR loop copies {c.loop_carried_copies:.0f} loop-carried buffers per token "
-                 f"({c.bytes['copies'] / 1e6:.1f} MB; issue 9 item 1): the projection is not weights + KV")
+    pytest.xfail(
+        f"the AR loop copies {c.loop_carried_copies:.0f} loop-carried buffers per token "
+        f"({c.bytes['copies'] / 1e6:.1f} MB; issue 9 item 1): the projection is not weights + KV"
+    )
   assert t == pytest.approx((ideal["weights"] + ideal["kv"]) / a["hbm_bandwidth"], rel=0.1)
 
 

@@ -6,6 +6,7 @@ tokens), the sweep first stopped after two rows (a killed sweep) with a torn lin
 tests check the cost identity and Theorem 1 on the engine's stats, resumability, the tables and the notebook.
 Every decode uses the same shapes (prompt bucket 16, cache 32), so each program compiles once per module.
 """
+
 import json
 import math
 import os
@@ -35,7 +36,7 @@ def numpy_model(spec: str, contraction: float, seed: int = 0):
   Eager jax.random compiles one kernel per parameter shape (~25 s for huginn:tiny on a busy 2-core
   machine); the tests only need some tiny contractive model, not those exact weights.
   """
-  cfg = model_configs.model_config(spec[len("random:"):])
+  cfg = model_configs.model_config(spec[len("random:") :])
   rng = np.random.RandomState(seed)
 
   def init(path, shape):
@@ -48,10 +49,9 @@ def numpy_model(spec: str, contraction: float, seed: int = 0):
     return rng.randn(*shape) / math.sqrt(shape[-2] if len(shape) >= 2 else shape[-1])
 
   shapes = M.param_shapes(cfg)
-  params = jax.tree_util.tree_map_with_path(lambda p, s: init(jax.tree_util.keystr(p), s), shapes,
-                                            is_leaf=M._is_shape)
+  params = jax.tree_util.tree_map_with_path(lambda p, s: init(jax.tree_util.keystr(p), s), shapes, is_leaf=M._is_shape)
   if cfg.is_raven:
-    params["adapter"][:cfg.hidden_size] *= contraction
+    params["adapter"][: cfg.hidden_size] *= contraction
   else:
     for n in ("norm_2", "norm_4"):
       params["core"][n][:] = contraction
@@ -80,8 +80,16 @@ def run(tmp_path_factory):
     f.write('{"key": "torn')
   scfg.stop_after = None
   result = sweep.run_sweep(scfg, model)
-  return {"out": out, "dcfg": dcfg, "scfg": scfg, "model": model, "summaries": summaries, "partial": partial,
-          "result": result, "jsonl": jsonl}
+  return {
+      "out": out,
+      "dcfg": dcfg,
+      "scfg": scfg,
+      "model": model,
+      "summaries": summaries,
+      "partial": partial,
+      "result": result,
+      "jsonl": jsonl,
+  }
 
 
 def depth_record(run, index=0):
@@ -95,8 +103,16 @@ def test_cost_identity_and_theorem1_on_the_engine(run):
   r = model.config.recurrence
   d1, d2 = 1, 4
   prompt = depth_record(run)["prompt"]
-  res = loopspec_jax.generate(model, [prompt], max_new_tokens=scfg.max_new_tokens, method="loopspec", d1=d1,
-                              d2=d2, lane_capacity=scfg.lane_capacity, request_ids=[0])
+  res = loopspec_jax.generate(
+      model,
+      [prompt],
+      max_new_tokens=scfg.max_new_tokens,
+      method="loopspec",
+      d1=d1,
+      d2=d2,
+      lane_capacity=scfg.lane_capacity,
+      request_ids=[0],
+  )
   s = res.stats
   n, c = s["tokens_generated"], s["commits"]
   rej1 = c["second"] + c["restart"]
@@ -168,7 +184,7 @@ def test_depth_metrics_match_readouts(run):
   model = run["model"]
   rec = depth_record(run, 1)
   prompt, gen = rec["prompt"], rec["tokens"]
-  logits = loopspec_jax.readouts(model, prompt + gen)[:, len(prompt) - 1:len(prompt) - 1 + len(gen)]
+  logits = loopspec_jax.readouts(model, prompt + gen)[:, len(prompt) - 1 : len(prompt) - 1 + len(gen)]
   setting = {"temperature": 0.8, "top_p": 0.9}
   m = DA.depth_metrics(model, prompt, gen, setting, n_pos=run["dcfg"].max_new_tokens)
   p = top_p_probs(logits.astype(np.float64) / setting["temperature"], setting["top_p"])
@@ -214,7 +230,8 @@ def test_sweep_rows_and_table(run):
     n, c = x["tokens"], x["commits"]
     rej1 = c["second"] + c["restart"]
     assert x["mean_accepted_length"] == pytest.approx(
-        r / theory.expected_cost(r, x["d1"], x["d2"], rej1 / n, None if x["d2"] is None else c["restart"] / n))
+        r / theory.expected_cost(r, x["d1"], x["d2"], rej1 / n, None if x["d2"] is None else c["restart"] / n)
+    )
     assert x["predicted_gamma"] == pytest.approx(x["mean_accepted_length"])  # no skipped spawns here
     assert x["p_restart"] == c["restart"] / n and 0 <= x["gate_open_rate"] <= 1
     eps2 = run["summaries"][("random", "greedy")]["mean_tv"][x["d2"] - 1]
@@ -222,7 +239,8 @@ def test_sweep_rows_and_table(run):
   for x in ch:  # gamma on LoopSpec's scale (R * tokens / sequential steps); tokens per verify pass beside it
     assert 1.0 <= x["tokens_per_round"] <= x["draft_len"] + 1
     assert x["mean_accepted_length"] == pytest.approx(
-        theory.chain_accepted_length(r, x["d1"], x["draft_len"], x["tokens"], x["rounds"]))
+        theory.chain_accepted_length(r, x["d1"], x["draft_len"], x["tokens"], x["rounds"])
+    )
   pred = run["result"]["predictions"][("random", "greedy")]
   assert pred is not None and pred["best_feasible"]
   table = open(os.path.join(run["scfg"].out_dir, "sweep.md")).read()
@@ -232,6 +250,7 @@ def test_sweep_rows_and_table(run):
 def test_notebook_executes(run, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   from nbconvert.preprocessors import ExecutePreprocessor
+
   figs = run["out"] / "figures"
   monkeypatch.setenv("SWEEP_JSONL", run["jsonl"])
   monkeypatch.setenv("DEPTHS_JSON", run["scfg"].depths_json)

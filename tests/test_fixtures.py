@@ -3,6 +3,7 @@
 tests/fixtures/{huginn_tiny,ouro_tiny} hold model.safetensors + config.json (real key and tensor names) and
 oracle.npz computed by the public reference code (see tests/fixtures/PROVENANCE.md).
 """
+
 import chex
 import numpy as np
 from absl.testing import parameterized
@@ -63,6 +64,7 @@ class FixtureTest(chex.TestCase):
     other_short = prompt[:5]
     for batch, at in (([other_long, prompt], 1), ([prompt, other_short], 0)):
       res = loopspec_jax.generate(model, batch, max_new_tokens=len(want))
-      self.assertEqual(res.tokens[at], want, msg=f"{name}: prompt at index {at} of a batch of lengths "
-                                                  f"{[len(p) for p in batch]}")
+      self.assertEqual(
+          res.tokens[at], want, msg=f"{name}: prompt at index {at} of a batch of lengths " f"{[len(p) for p in batch]}"
+      )
       self.assertLen(res.tokens[1 - at], len(want))

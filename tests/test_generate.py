@@ -4,6 +4,7 @@ trace counts, and the `experiments/generate.py` script.
 Prompts stay within one length bucket (<= 16 tokens, max_new_tokens=16: prompt bucket 16, cache 32) and batch
 sizes 1 and 2, the shapes tests/test_fixtures.py also uses, so a joint pytest run compiles each program once.
 """
+
 import io
 import os
 import sys
@@ -31,8 +32,11 @@ def prompts_for(model):
   """Three prompts of different lengths (12, 5, 15 tokens), all in the 16-token bucket."""
   _, oracle = fixture("huginn_tiny" if model.family == "huginn" else "ouro_tiny")
   v = model.config.vocab_size
-  return [oracle["input_ids"].tolist(), [int(t) for t in (np.arange(5) * 31 + 7) % v],
-          [int(t) for t in (np.arange(15) * 13 + 2) % v]]
+  return [
+      oracle["input_ids"].tolist(),
+      [int(t) for t in (np.arange(5) * 31 + 7) % v],
+      [int(t) for t in (np.arange(15) * 13 + 2) % v],
+  ]
 
 
 class GreedyBatchTest(chex.TestCase):
@@ -71,8 +75,7 @@ class SamplingTest(chex.TestCase):
   def _sample(self, prompts, seed, request_ids, **kw):
     model, _ = fixture("huginn_tiny")
     kw = dict(dict(temperature=1.5, top_p=0.95), **kw)
-    return loopspec_jax.generate(model, prompts, max_new_tokens=N_NEW, seed=seed, request_ids=request_ids,
-                                 **kw).tokens
+    return loopspec_jax.generate(model, prompts, max_new_tokens=N_NEW, seed=seed, request_ids=request_ids, **kw).tokens
 
   def test_seeded_sampling_is_reproducible_and_batch_independent(self):
     model, _ = fixture("huginn_tiny")
@@ -115,7 +118,7 @@ class RandomInitTest(chex.TestCase):
     rand = loopspec_jax.readouts(model, seq, init_state=noise)
     zero = loopspec_jax.readouts(model, seq)
     self.assertGreater(np.abs(rand[0] - zero[0]).max(), 1e-2)  # the random start changes the logits
-    np.testing.assert_array_equal(rand[-1, len(prompt) - 1:-1].argmax(-1), toks)
+    np.testing.assert_array_equal(rand[-1, len(prompt) - 1 : -1].argmax(-1), toks)
 
   def test_random_init_on_ouro_is_rejected(self):
     model, oracle = fixture("ouro_tiny")
@@ -201,11 +204,16 @@ class ScriptTest(chex.TestCase):
     from loopspec_jax.configs import generate as gen_config
     from loopspec_jax.experiments import common as exp_common
     from loopspec_jax.experiments import generate as script
+
     _, oracle = fixture("huginn_tiny")
     ids = ",".join(str(t) for t in oracle["input_ids"])
-    argv = ["loopspec-generate", f"--config={gen_config.__file__}",
-            f"--config.checkpoint={os.path.join(FIXTURES, 'huginn_tiny')}", f"--config.prompt_ids={ids}",
-            f"--config.max_new_tokens={N_NEW}"]
+    argv = [
+        "loopspec-generate",
+        f"--config={gen_config.__file__}",
+        f"--config.checkpoint={os.path.join(FIXTURES, 'huginn_tiny')}",
+        f"--config.prompt_ids={ids}",
+        f"--config.max_new_tokens={N_NEW}",
+    ]
     out = io.StringIO()
     try:
       rest = exp_common.parse_flags(script.FLAGS, argv)  # re-parsable in one process (other tests parse too)
@@ -223,6 +231,7 @@ class ScriptTest(chex.TestCase):
 
     from loopspec_jax.configs import generate as gen_config
     from loopspec_jax.experiments import generate as script
+
     model, oracle = fixture("huginn_tiny")
     vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))

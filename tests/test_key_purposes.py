@@ -17,6 +17,7 @@ x1 and x2 use independent keys.
    computed), and the x1-key-for-x2 mutation injected through `request_key`, whose samples fit the exact
    distribution of part 2 for the shared key and reject p_R.
 """
+
 import collections
 import functools
 from unittest import mock
@@ -32,8 +33,13 @@ from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 
-X1, X2, VERIFY, INIT, AR = (sampling.PURPOSE_X1, sampling.PURPOSE_X2, sampling.PURPOSE_VERIFY, sampling.PURPOSE_INIT,
-                            sampling.PURPOSE_AR)
+X1, X2, VERIFY, INIT, AR = (
+    sampling.PURPOSE_X1,
+    sampling.PURPOSE_X2,
+    sampling.PURPOSE_VERIFY,
+    sampling.PURPOSE_INIT,
+    sampling.PURPOSE_AR,
+)
 KEY0 = jax.random.PRNGKey(0)
 
 
@@ -49,8 +55,9 @@ def test_loopspec_tick_draws_each_use_their_own_purpose(d2, random_init):
   """One tick: x1 (X1), the gated x2 (X2, only with a second proposal), verification (VERIFY) and the
   initial-state noise of fresh lanes (INIT, only with init_state='random'), each requested exactly once."""
   model = helpers.tiny_model("raven_llama:tiny")
-  calls = helpers.traced_key_purposes("loopspec", model, helpers.PROMPTS, helpers.MAX_NEW, random_init=random_init,
-                                      d1=2, d2=d2)
+  calls = helpers.traced_key_purposes(
+      "loopspec", model, helpers.PROMPTS, helpers.MAX_NEW, random_init=random_init, d1=2, d2=d2
+  )
   want = collections.Counter({X1: 1, VERIFY: 1})
   if d2 is not None:
     want[X2] = 1
@@ -64,8 +71,9 @@ def test_chain_and_ar_draw_purposes():
   each of the gamma + 1 drafted positions; AR: one draw (AR) and its INIT noise. Nothing else."""
   model = helpers.tiny_model("raven_llama:tiny")
   gamma = 3
-  chain = helpers.traced_key_purposes("chain", model, helpers.PROMPTS, helpers.MAX_NEW, random_init=True, d1=2,
-                                      gamma=gamma)
+  chain = helpers.traced_key_purposes(
+      "chain", model, helpers.PROMPTS, helpers.MAX_NEW, random_init=True, d1=2, gamma=gamma
+  )
   assert purposes(chain) == collections.Counter({X1: gamma, VERIFY: 1, INIT: gamma + 1}), chain
   ar = helpers.traced_key_purposes("ar", model, helpers.PROMPTS, helpers.MAX_NEW, random_init=True)
   assert purposes(ar) == collections.Counter({AR: 1, INIT: 1}), ar
@@ -121,13 +129,22 @@ def _cells(q1, p_d2):
 @jax.jit
 def _tick_terms(u1, u2, p, q1, p_d2):
   """For x1 drawn with uniform u1 and x2 with u2 (vmapped over cells): (x1, a1, gate, x2, a2, F, G)."""
+
   def one(a, b):
     x1 = sampling.sample_with_uniform(a, q1)
     gate, _, q2 = verify.second_proposal(KEY0, q1, x1, p_d2)
     x2 = jnp.where(gate, sampling.sample_with_uniform(b, q2), 0)
     f = verify.residual(p, q1)
-    return (x1, verify.acceptance_prob(p, q1, x1), gate, x2, verify.acceptance_prob(f, q2, x2), f,
-            verify.residual(f, q2, fallback=f))
+    return (
+        x1,
+        verify.acceptance_prob(p, q1, x1),
+        gate,
+        x2,
+        verify.acceptance_prob(f, q2, x2),
+        f,
+        verify.residual(f, q2, fallback=f),
+    )
+
   return jax.vmap(one)(u1, u2)
 
 
@@ -204,8 +221,9 @@ def first_token_distributions():
 
 
 def sample_first_tokens(seed):
-  res = loopspec_jax.generate(gate_open_model(), [PROMPT] * BATCH, max_new_tokens=1, method="loopspec", d1=D1,
-                              d2=D2, temperature=1.0, seed=seed)
+  res = loopspec_jax.generate(
+      gate_open_model(), [PROMPT] * BATCH, max_new_tokens=1, method="loopspec", d1=D1, d2=D2, temperature=1.0, seed=seed
+  )
   return np.bincount(np.asarray(res.tokens).ravel(), minlength=VOCAB), res.stats
 
 
@@ -227,8 +245,10 @@ def test_chi_square_gate_often_open_detects_shared_key():
     bad_counts, _ = sample_first_tokens(seed=5)
   p_bad_vs_p = helpers.chi2_pvalue(bad_counts, p, check_support=False)
   p_bad_vs_exact_bug = helpers.chi2_pvalue(bad_counts, buggy)
-  print(f"  x2 with the x1 key: TV to p_R = {tv:.3f}, p vs p_R = {p_bad_vs_p:.3g}, "
-        f"p vs its own exact distribution = {p_bad_vs_exact_bug:.3g}")
+  print(
+      f"  x2 with the x1 key: TV to p_R = {tv:.3f}, p vs p_R = {p_bad_vs_p:.3g}, "
+      f"p vs its own exact distribution = {p_bad_vs_exact_bug:.3g}"
+  )
   assert p_bad_vs_exact_bug > 1e-3  # the integral of part 2 is the distribution the mutated engine samples
   assert tv >= 0.05, tv
   assert p_bad_vs_p < ALPHA, (tv, p_bad_vs_p)

@@ -1,4 +1,5 @@
 """Launch scripts: their dry runs print the intended commands and run nothing."""
+
 import os
 import subprocess
 
@@ -11,8 +12,14 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(script, *args, **env):
-  out = subprocess.run(["bash", os.path.join(_ROOT, "launch", script), *args], cwd=_ROOT, capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, **env))
+  out = subprocess.run(
+      ["bash", os.path.join(_ROOT, "launch", script), *args],
+      cwd=_ROOT,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      env=dict(os.environ, **env),
+  )
   return out
 
 
@@ -26,13 +33,23 @@ def test_local_dry_run():
 
 
 def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
-  out = _run("tpu_vm.sh", "--dry-run", "experiments.batch_bench", "--config.max_new_tokens=16",
-             NAME="ls-test", ZONE="us-west4-a", ACCELERATOR="v5litepod-16", KEEP="0", EXISTING="0")
+  out = _run(
+      "tpu_vm.sh",
+      "--dry-run",
+      "experiments.batch_bench",
+      "--config.max_new_tokens=16",
+      NAME="ls-test",
+      ZONE="us-west4-a",
+      ACCELERATOR="v5litepod-16",
+      KEEP="0",
+      EXISTING="0",
+  )
   assert out.returncode == 0, out.stderr
   cmds = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
   g = "+ gcloud compute tpus tpu-vm"
-  assert cmds[0].startswith(f"{g} create ls-test --zone=us-west4-a --accelerator-type=v5litepod-16 "
-                            "--version=v2-alpha-tpuv5-lite")
+  assert cmds[0].startswith(
+      f"{g} create ls-test --zone=us-west4-a --accelerator-type=v5litepod-16 " "--version=v2-alpha-tpuv5-lite"
+  )
   assert any(c.startswith("+ tar czf") for c in cmds)
   scp = [c for c in cmds if c.startswith(f"{g} scp ")]
   assert "--worker=all" in scp[0] and "ls-test:" in scp[0]
@@ -44,8 +61,10 @@ def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
   assert cmds[-1] == f"{g} delete ls-test --zone=us-west4-a --quiet"
 
 
-@pytest.mark.parametrize("accel,zone,version", [("v4-8", "us-central2-b", "tpu-ubuntu2204-base"),
-                                                ("v5litepod-8", "us-west4-a", "v2-alpha-tpuv5-lite")])
+@pytest.mark.parametrize(
+    "accel,zone,version",
+    [("v4-8", "us-central2-b", "tpu-ubuntu2204-base"), ("v5litepod-8", "us-west4-a", "v2-alpha-tpuv5-lite")],
+)
 def test_tpu_vm_defaults_keep_and_existing(accel, zone, version):
   out = _run("tpu_vm.sh", "--dry-run", "--keep", "experiments.plan_memory", ACCELERATOR=accel, NAME="x")
   assert out.returncode == 0, out.stderr
@@ -56,8 +75,14 @@ def test_tpu_vm_defaults_keep_and_existing(accel, zone, version):
 
 
 def test_tpu_vm_env_experiment_and_bad_accelerator():
-  out = _run("tpu_vm.sh", EXPERIMENT="experiments.plan_memory", ARGS="--config.meshes=1x8 --config.batches=1",
-             DRY_RUN="1", NAME="y", PROJECT="my-proj")
+  out = _run(
+      "tpu_vm.sh",
+      EXPERIMENT="experiments.plan_memory",
+      ARGS="--config.meshes=1x8 --config.batches=1",
+      DRY_RUN="1",
+      NAME="y",
+      PROJECT="my-proj",
+  )
   assert out.returncode == 0, out.stderr
   assert "--project=my-proj" in out.stdout
   assert "loopspec_jax.experiments.plan_memory\\ --config.meshes=1x8\\ --config.batches=1" in out.stdout
@@ -75,8 +100,15 @@ def test_bench_gpu_dry_run_uses_the_package_module():
 
 
 def test_distributed_settings_and_single_process_noop(monkeypatch):
-  for k in ("LOOPSPEC_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "LOOPSPEC_NUM_PROCESSES", "JAX_NUM_PROCESSES",
-            "LOOPSPEC_PROCESS_ID", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+  for k in (
+      "LOOPSPEC_COORDINATOR",
+      "JAX_COORDINATOR_ADDRESS",
+      "LOOPSPEC_NUM_PROCESSES",
+      "JAX_NUM_PROCESSES",
+      "LOOPSPEC_PROCESS_ID",
+      "JAX_PROCESS_ID",
+      "TPU_WORKER_HOSTNAMES",
+  ):
     monkeypatch.delenv(k, raising=False)
   assert distributed.initialize_from_env() is False  # one process: nothing to initialise
   monkeypatch.setenv("LOOPSPEC_COORDINATOR", "10.0.0.2:1234")

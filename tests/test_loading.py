@@ -1,5 +1,6 @@
 """Checkpoint I/O: HF directories (config.json + safetensors, single or sharded) of all four families, family
 detection and override, every kind of mismatch as a CheckpointError naming it, tokenizers, orbax round trips."""
+
 import functools
 import json
 import os
@@ -21,8 +22,12 @@ from loopspec_jax.checkpoint import hf as hf_checkpoint
 from loopspec_jax.models import looped as M
 from loopspec_jax.checkpoint.hf import CheckpointError
 
-TINY = {"huginn": "huginn:tiny", "ouro": "ouro:tiny", "raven-llama": "raven_llama:tiny",
-        "raven-olmo": "raven_olmo:tiny"}
+TINY = {
+    "huginn": "huginn:tiny",
+    "ouro": "ouro:tiny",
+    "raven-llama": "raven_llama:tiny",
+    "raven-olmo": "raven_olmo:tiny",
+}
 
 
 def tiny_config(family, **overrides):
@@ -33,8 +38,9 @@ def tiny_config(family, **overrides):
 def numpy_params(cfg):
   """Random float32 numpy parameters of a config (no jax compiles: the loading tests only move bytes)."""
   rng = np.random.default_rng(abs(hash(cfg.family)) % 2**32)
-  return jax.tree_util.tree_map(lambda s: rng.standard_normal(s).astype(np.float32), M.param_shapes(cfg),
-                                is_leaf=M._is_shape)
+  return jax.tree_util.tree_map(
+      lambda s: rng.standard_normal(s).astype(np.float32), M.param_shapes(cfg), is_leaf=M._is_shape
+  )
 
 
 def write_checkpoint(path, family, shards=1, **overrides):
@@ -64,6 +70,7 @@ def edit_config(path, edit):
 def tiny_tokenizer(vocab_size):
   """A WordLevel tokenizer over the words w0 .. w{V-2} plus [UNK], split on whitespace."""
   from tokenizers import Tokenizer, models, pre_tokenizers
+
   vocab = {f"w{i}": i for i in range(vocab_size - 1)}
   vocab["[UNK]"] = vocab_size - 1
   tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -83,8 +90,9 @@ class TmpDirTestCase(chex.TestCase):
 
 class HFRoundTripTest(TmpDirTestCase):
 
-  @parameterized.parameters(("huginn", 1), ("ouro", 1), ("raven-llama", 1), ("raven-olmo", 1),
-                            ("huginn", 3), ("raven-llama", 3))
+  @parameterized.parameters(
+      ("huginn", 1), ("ouro", 1), ("raven-llama", 1), ("raven-olmo", 1), ("huginn", 3), ("raven-llama", 3)
+  )
   def test_write_then_load(self, family, shards):
     path = self.tmpdir()
     cfg, params = write_checkpoint(path, family, shards=shards)
@@ -120,8 +128,9 @@ class HFRoundTripTest(TmpDirTestCase):
     model = loopspec_jax.load(path, dtype="bfloat16")
     self.assertEqual(model.config.dtype, "bfloat16")
     self.assertTrue(all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(model.params)))
-    chex.assert_trees_all_close(jax.device_get(model.params["embed"]).astype(np.float32), params["embed"],
-                                rtol=1e-2, atol=1e-2)
+    chex.assert_trees_all_close(
+        jax.device_get(model.params["embed"]).astype(np.float32), params["embed"], rtol=1e-2, atol=1e-2
+    )
 
 
 class FamilyOverrideTest(TmpDirTestCase):
@@ -137,7 +146,8 @@ class FamilyOverrideTest(TmpDirTestCase):
       ("raven-llama", "huginn", r"missing tensor 'transformer\.[^']*(norm_3\.weight|qk_bias)'"),
       ("raven-llama", "raven-olmo", r"missing tensor 'transformer\.[^']*attn\.[qk]_norm\.weight'"),
       ("raven-olmo", "raven-llama", r"unexpected tensor 'transformer\.[^']*attn\.[qk]_norm\.weight'"),
-      ("huginn", "raven-llama", r"unexpected tensor 'transformer\.[^']*(norm_[34]\.weight|qk_bias)'"))
+      ("huginn", "raven-llama", r"unexpected tensor 'transformer\.[^']*(norm_[34]\.weight|qk_bias)'"),
+  )
   def test_forcing_a_wrong_family_names_a_tensor(self, written, forced, match):
     path = self.tmpdir()
     write_checkpoint(path, written)
@@ -190,8 +200,9 @@ class CheckpointErrorTest(TmpDirTestCase):
     name = "transformer.prelude.0.attn.Wqkv.weight"
     rewrite_tensors(path, lambda t: t.update({name: t[name][:-8]}))
     e = cfg.hidden_size
-    with pytest.raises(CheckpointError, match=rf"tensor '{name}' has shape \({3 * e - 8}, {e}\), "
-                                              rf"expected \({3 * e}, {e}\)"):
+    with pytest.raises(
+        CheckpointError, match=rf"tensor '{name}' has shape \({3 * e - 8}, {e}\), " rf"expected \({3 * e}, {e}\)"
+    ):
       loopspec_jax.load(path)
 
   @parameterized.parameters(
@@ -199,7 +210,8 @@ class CheckpointErrorTest(TmpDirTestCase):
       ("ouro", "model.layers.0.mlp.down_proj.weight", lambda x: x.T),
       ("raven-llama", "transformer.core_block.1.mlp.fc.weight", lambda x: x.reshape(x.shape[1], -1)),
       ("huginn", "transformer.coda.0.attn.qk_bias", lambda x: x.reshape(x.shape[0], x.shape[2], -1)),
-      ("raven-olmo", "transformer.prelude.0.attn.q_norm.weight", lambda x: x.reshape(2, -1)))
+      ("raven-olmo", "transformer.prelude.0.attn.q_norm.weight", lambda x: x.reshape(2, -1)),
+  )
   def test_equal_size_wrong_shape(self, family, name, edit):
     """A tensor of the right element count in the wrong shape (e.g. transposed) is not silently reshaped."""
     path = self.tmpdir()
@@ -212,13 +224,20 @@ class CheckpointErrorTest(TmpDirTestCase):
       assert t[name].size == int(np.prod(holder["want"])) and holder["got"] != holder["want"]
 
     rewrite_tensors(path, rewrite)
-    with pytest.raises(CheckpointError, match=rf"tensor '{re.escape(name)}' has shape "
-                                              rf"{re.escape(str(holder['got']))}, expected "
-                                              rf"{re.escape(str(holder['want']))}"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"tensor '{re.escape(name)}' has shape "
+        rf"{re.escape(str(holder['got']))}, expected "
+        rf"{re.escape(str(holder['want']))}",
+    ):
       loopspec_jax.load(path)
 
-  @parameterized.parameters(("huginn", "n_embd"), ("raven-llama", "n_layers_in_recurrent_block"),
-                            ("ouro", "hidden_size"), ("ouro", "total_ut_steps"))
+  @parameterized.parameters(
+      ("huginn", "n_embd"),
+      ("raven-llama", "n_layers_in_recurrent_block"),
+      ("ouro", "hidden_size"),
+      ("ouro", "total_ut_steps"),
+  )
   def test_missing_config_key(self, family, key):
     path = self.tmpdir()
     write_checkpoint(path, family)
@@ -230,8 +249,10 @@ class CheckpointErrorTest(TmpDirTestCase):
     path = self.tmpdir()
     with open(os.path.join(path, "config.json"), "w") as f:
       json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 8}, f)
-    save_file({"h.0.attn.c_attn.weight": np.zeros((8, 24), np.float32), "wte.weight": np.zeros((4, 8), np.float32)},
-              os.path.join(path, "model.safetensors"))
+    save_file(
+        {"h.0.attn.c_attn.weight": np.zeros((8, 24), np.float32), "wte.weight": np.zeros((4, 8), np.float32)},
+        os.path.join(path, "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match=r"unknown family: model_type='gpt2'"):
       loopspec_jax.load(path)
 
@@ -253,6 +274,7 @@ class TokenizerAndOrbaxTest(TmpDirTestCase):
 
   def test_tokenizer_present_or_absent(self):
     from tokenizers import Tokenizer
+
     path = self.tmpdir()
     cfg, _ = write_checkpoint(path, "raven-llama")
     self.assertIsNone(loopspec_jax.load(path).tokenizer)

@@ -7,6 +7,7 @@ random-weight model and the contractive model of one config run the SAME compile
 every prompt batch below has 3 requests and falls in the same (16, 32) length bucket, and results are cached
 per (model, method, depths). The wider (d1, d2) matrix and the HF fixtures are marked slow.
 """
+
 import functools
 
 import chex
@@ -196,9 +197,12 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, d1=1, d2=2)
 def sampling_runs():
   """Four sampling calls of one configuration (tiny Ouro, contractive: accepts, rejections and second
   proposals all occur) under fresh jits of the LoopSpec programs (see `helpers.sampling_runs`)."""
-  return helpers.sampling_runs(tiny_model("ouro:tiny", 0.05), "loopspec", SAMPLING, [
-      (common, "prefill_state"),
-      (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")])
+  return helpers.sampling_runs(
+      tiny_model("ouro:tiny", 0.05),
+      "loopspec",
+      SAMPLING,
+      [(common, "prefill_state"), (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")],
+  )
 
 
 def test_one_trace_per_configuration():
@@ -220,27 +224,31 @@ def test_sampling_is_reproducible_and_batch_independent():
 # ---------------------------------------------------------------------------------------------------
 # 4. Invalid configurations are rejected before anything compiles
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(d1=3), r"d1=3 must divide the recurrence R=8"),
-    (dict(d1=8), r"d1=8 must be smaller than R=8"),
-    (dict(d1=None), r"integer d1 >= 1"),
-    (dict(d1=0), r"integer d1 >= 1"),
-    (dict(d1=2, d2=2), r"d2=2 must satisfy d1 < d2 < R"),
-    (dict(d1=4, d2=2), r"d2=2 must satisfy d1 < d2 < R"),
-    (dict(d1=2, d2=8), r"d2=8 must satisfy d1 < d2 < R"),
-    (dict(d1=2, d2=5), r"d1=2 must divide d2=5"),
-    (dict(d1=2, d2=4, lane_capacity=3), r"lane_capacity=3 is too small: .* R/d1 = 4"),
-    (dict(d1=1, lane_capacity=7), r"lane_capacity=7 is too small: .* R/d1 = 8"),
-    (dict(d1=2, d2=4, prompts=[[1, 64]]), r"token id 64 outside the vocabulary \[0, 64\)"),
-    (dict(d1=2, d2=4, prompts=[[1, 2], [-1]]), r"prompt 1 has token id -1 outside the vocabulary"),
-    (dict(d1=2, d2=4, prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(d1=3), r"d1=3 must divide the recurrence R=8"),
+        (dict(d1=8), r"d1=8 must be smaller than R=8"),
+        (dict(d1=None), r"integer d1 >= 1"),
+        (dict(d1=0), r"integer d1 >= 1"),
+        (dict(d1=2, d2=2), r"d2=2 must satisfy d1 < d2 < R"),
+        (dict(d1=4, d2=2), r"d2=2 must satisfy d1 < d2 < R"),
+        (dict(d1=2, d2=8), r"d2=8 must satisfy d1 < d2 < R"),
+        (dict(d1=2, d2=5), r"d1=2 must divide d2=5"),
+        (dict(d1=2, d2=4, lane_capacity=3), r"lane_capacity=3 is too small: .* R/d1 = 4"),
+        (dict(d1=1, lane_capacity=7), r"lane_capacity=7 is too small: .* R/d1 = 8"),
+        (dict(d1=2, d2=4, prompts=[[1, 64]]), r"token id 64 outside the vocabulary \[0, 64\)"),
+        (dict(d1=2, d2=4, prompts=[[1, 2], [-1]]), r"prompt 1 has token id -1 outside the vocabulary"),
+        (dict(d1=2, d2=4, prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
+    ],
+)
 def test_invalid_configurations_rejected_before_compiling(kwargs, match):
   model = tiny_model("raven_llama:tiny")  # R = 8, V = 64, context 64
   args = dict(prompts=[[1, 2, 3]], max_new_tokens=MAX_NEW, method="loopspec")
   args.update(kwargs)
   helpers.assert_rejected_before_compiling(
-      model, args, match, [(common, "prefill_state"), (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")])
+      model, args, match, [(common, "prefill_state"), (loopspec, "initial_state"), (loopspec_decoder, "decode_loop")]
+  )
 
 
 # ---------------------------------------------------------------------------------------------------

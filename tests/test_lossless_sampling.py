@@ -15,6 +15,7 @@ Two regimes of random weights (same config, so they share every compiled program
 Negative controls show the test has power: the same samples reject the depth-d1 and depth-d2 (draft)
 distributions, and even a 10% mixture of the draft distribution into the target (TV ~ 0.08).
 """
+
 import functools
 import time
 
@@ -75,7 +76,7 @@ def exact_distribution(regime, n_tokens, depth, temperature, top_k=0, top_p=1.0)
   def rec(prefix, prob):
     i = len(prefix) - len(PROMPT)
     if i == n_tokens:
-      out[tuple(prefix[len(PROMPT):])] = prob
+      out[tuple(prefix[len(PROMPT) :])] = prob
       return
     logits = prefix_logits(regime, tuple(prefix))[depth - 1]
     assert_filter_margin(logits, temperature, top_k, top_p)
@@ -118,8 +119,16 @@ SLOW = [
 def run_case(regime, kw_items, temperature, top_k, top_p, n_tokens, seed):
   kw = dict(kw_items)
   t0 = time.perf_counter()
-  res = api.generate(model(regime), [PROMPT] * BATCH, max_new_tokens=n_tokens, temperature=temperature,
-                     top_k=top_k, top_p=top_p, seed=seed, **kw)
+  res = api.generate(
+      model(regime),
+      [PROMPT] * BATCH,
+      max_new_tokens=n_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      seed=seed,
+      **kw,
+  )
   print(f"  generate {kw} B={BATCH} n={n_tokens}: {time.perf_counter() - t0:.1f}s")
   return res
 
@@ -151,8 +160,10 @@ def _run(case):
   exact = exact_distribution(regime, n_tokens, r, temperature, top_k, top_p)
   p = chi2_pvalue(counts, exact)
   PVALUES[name] = p
-  print(f"  {name}: p={p:.4g} commits={res.stats['commits']} reject_first={res.stats.get('reject_first')} "
-        f"acceptance_rate={res.stats.get('acceptance_rate')}")
+  print(
+      f"  {name}: p={p:.4g} commits={res.stats['commits']} reject_first={res.stats.get('reject_first')} "
+      f"acceptance_rate={res.stats.get('acceptance_rate')}"
+  )
   check_regime(regime, kw, res.stats, n_tokens)
   assert p > ALPHA, (name, p)
   return res, counts
@@ -200,4 +211,3 @@ def test_regimes_differ_as_intended():
     p = np.asarray(_process(lg, 1.0, 0, 1.0))
     tv[regime] = 0.5 * np.abs(p[1] - p[r - 1]).sum()
   assert tv["accepted"] < 0.05 and tv["rejected"] > 0.3, tv
-

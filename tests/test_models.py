@@ -107,7 +107,7 @@ class RopeTest(chex.TestCase):
       a, b = x[..., 0::2], x[..., 1::2]
       want = np.stack([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], -1).reshape(x.shape)
     else:
-      a, b = x[..., :d // 2], x[..., d // 2:]
+      a, b = x[..., : d // 2], x[..., d // 2 :]
       want = np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1)
     np.testing.assert_allclose(got, want, atol=2e-5)
 

@@ -3,6 +3,7 @@
 Everything here is abstract (eval_shape, no allocation), so planning 8 devices runs on one CPU. The same
 totals are compared with real sharded arrays on 8 simulated devices in tests/test_sharding.py.
 """
+
 import math
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from loopspec_jax.experiments import plan_memory
 from loopspec_jax.parallel import sharding
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _bytes(tree):
@@ -50,8 +51,10 @@ def test_sharded_totals_divide_by_the_rules():
   assert rows[(1, 8)]["params"] < rows[(2, 4)]["params"] < rows[(1, 1)]["params"]
   specs = sharding.tree_specs(trees["params"], "params", {"data": 2, "model": 4}, cfg=cfg)
   spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  expect = sum(math.prod(sharding.shard_shape(x.shape, s, {"data": 2, "model": 4})) * 2
-               for x, s in zip(jax.tree_util.tree_leaves(trees["params"]), spec_leaves))
+  expect = sum(
+      math.prod(sharding.shard_shape(x.shape, s, {"data": 2, "model": 4})) * 2
+      for x, s in zip(jax.tree_util.tree_leaves(trees["params"]), spec_leaves)
+  )
   assert rows[(2, 4)]["params"] == expect
 
 
@@ -67,11 +70,25 @@ def test_padding_and_fit_flag():
 
 def test_cli_prints_a_table(tmp_path):
   """The console module runs from any directory with its package default config and --config.* overrides."""
-  out = subprocess.run([sys.executable, "-m", "loopspec_jax.experiments.plan_memory", "--config.models=ouro:tiny",
-                        "--config.dtype=float32", "--config.context=64", "--config.meshes=1x8,2x4",
-                        "--config.batches=1,3", "--config.device_memory_gib=0.00001", "--config.d2=none"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  out = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "loopspec_jax.experiments.plan_memory",
+          "--config.models=ouro:tiny",
+          "--config.dtype=float32",
+          "--config.context=64",
+          "--config.meshes=1x8,2x4",
+          "--config.batches=1,3",
+          "--config.device_memory_gib=0.00001",
+          "--config.d2=none",
+      ],
+      cwd=tmp_path,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stderr.strip() == "", out.stderr[-3000:]  # no library INFO chatter
   lines = [l for l in out.stdout.splitlines() if l.startswith("| ouro:tiny")]

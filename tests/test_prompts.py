@@ -1,4 +1,5 @@
 """Prompt sets (loopspec_jax/prompts.py): formats, determinism, truncation, exemplar hygiene, data lookup."""
+
 import json
 import os
 
@@ -58,10 +59,11 @@ def test_mbpp_and_humaneval_formats():
 def test_shakespeare_held_out_tail():
   with open(os.path.join(DATA, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
     text = f.read()
-  tail = text[int(len(text) * 0.95):]
+  tail = text[int(len(text) * 0.95) :]
   ps = P.load_prompts("shakespeare", 3, chunk_chars=100)
   assert ps == [tail[:100], tail[100:200], tail[200:300]]
   from loopspec_jax.train import data as train_data
+
   assert train_data.heldout_shakespeare().startswith("".join(P.load_prompts("shakespeare")))
 
 
@@ -73,8 +75,9 @@ def test_data_dir_override_and_errors(tmp_path, monkeypatch):
         f.write(json.dumps({"question": f"{q}{i}", "answer": f"A{i}"}) + "\n")
   monkeypatch.setenv("LOOPSPEC_DATA_DIR", str(tmp_path))
   assert P.data_dir() == str(tmp_path)
-  assert P.load_prompts("gsm8k", 1) == ["Question: T0\nAnswer: A0\n\nQuestion: T1\nAnswer: A1\n\n"
-                                        "Question: T2\nAnswer: A2\n\nQuestion: Q0\nAnswer:"]
+  assert P.load_prompts("gsm8k", 1) == [
+      "Question: T0\nAnswer: A0\n\nQuestion: T1\nAnswer: A1\n\n" "Question: T2\nAnswer: A2\n\nQuestion: Q0\nAnswer:"
+  ]
   with pytest.raises(ValueError, match="unknown task"):
     P.load_prompts("nope", 1)
   with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
 """Tests of logits processing, token sampling and request keys against direct numpy computations."""
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -67,14 +68,24 @@ def test_process_logits_matches_numpy(temperature, top_k, top_p):
 
 
 # Rows with exact ties at, inside and across the top-k / top-p cut: the documented rule keeps the lower index.
-TIED = np.array([
-    [1.0, 2.0, 2.0, 2.0, 0.0, 2.0, -1.0, 2.0],  # five-way tie at the top
-    [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],  # all equal
-    [3.0, 1.0, 1.0, 3.0, 1.0, 1.0, 0.0, 1.0],  # tie of two above a tie of four
-    [0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # one clear top, the rest tied
-], np.float32)
-TIED_SETTINGS = [(1.0, 2, 1.0), (1.0, 3, 1.0), (0.7, 1, 1.0), (1.0, 0, 0.3), (1.0, 0, 0.5), (1.3, 4, 0.45),
-                 (1.0, 5, 0.6)]
+TIED = np.array(
+    [
+        [1.0, 2.0, 2.0, 2.0, 0.0, 2.0, -1.0, 2.0],  # five-way tie at the top
+        [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],  # all equal
+        [3.0, 1.0, 1.0, 3.0, 1.0, 1.0, 0.0, 1.0],  # tie of two above a tie of four
+        [0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # one clear top, the rest tied
+    ],
+    np.float32,
+)
+TIED_SETTINGS = [
+    (1.0, 2, 1.0),
+    (1.0, 3, 1.0),
+    (0.7, 1, 1.0),
+    (1.0, 0, 0.3),
+    (1.0, 0, 0.5),
+    (1.3, 4, 0.45),
+    (1.0, 5, 0.6),
+]
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", TIED_SETTINGS)
@@ -139,17 +150,36 @@ def test_request_key_layout_independent():
   base = jax.random.PRNGKey(42)
   ids = jnp.array([3, 0, 7, 3])
   pos = jnp.array([5, 5, 1, 6])
-  batched = jax.jit(jax.vmap(sampling.request_key, in_axes=(None, 0, 0, None)))(base, ids, pos,
-                                                                                 sampling.PURPOSE_X1)
+  batched = jax.jit(jax.vmap(sampling.request_key, in_axes=(None, 0, 0, None)))(base, ids, pos, sampling.PURPOSE_X1)
   for i in range(4):
     single = sampling.request_key(base, int(ids[i]), int(pos[i]), sampling.PURPOSE_X1)
     np.testing.assert_array_equal(batched[i], single)
   # Different request, position or purpose gives a different key.
-  data = lambda k: tuple(np.asarray(jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key)
-                                    else k).tolist())
-  ks = {data(sampling.request_key(base, r, t, u)) for r in range(3) for t in range(3)
-        for u in (sampling.PURPOSE_X1, sampling.PURPOSE_X2, sampling.PURPOSE_VERIFY, sampling.PURPOSE_INIT,
-                  sampling.PURPOSE_AR)}
+  data = lambda k: tuple(
+      np.asarray(jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k).tolist()
+  )
+  ks = {
+      data(sampling.request_key(base, r, t, u))
+      for r in range(3)
+      for t in range(3)
+      for u in (
+          sampling.PURPOSE_X1,
+          sampling.PURPOSE_X2,
+          sampling.PURPOSE_VERIFY,
+          sampling.PURPOSE_INIT,
+          sampling.PURPOSE_AR,
+      )
+  }
   assert len(ks) == 45
-  assert len({sampling.PURPOSE_X1, sampling.PURPOSE_X2, sampling.PURPOSE_VERIFY, sampling.PURPOSE_INIT,
-              sampling.PURPOSE_AR}) == 5
+  assert (
+      len(
+          {
+              sampling.PURPOSE_X1,
+              sampling.PURPOSE_X2,
+              sampling.PURPOSE_VERIFY,
+              sampling.PURPOSE_INIT,
+              sampling.PURPOSE_AR,
+          }
+      )
+      == 5
+  )

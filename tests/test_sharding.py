@@ -6,6 +6,7 @@ whose other modules initialise jax first; so the device checks run in subprocess
 script with --worker, two at once, see WORKERS) and report JSON that the tests below assert on. The rule
 functions and the reading of declared axes are checked in-process.
 """
+
 import json
 import os
 import subprocess
@@ -44,8 +45,10 @@ SAMPLING = {"temperature": 1.0, "top_p": 0.9, "seed": 7}
 WORKER_TIMEOUT_S = 900
 # 8 host devices; LLVM at -O0 compiles the ~70 programs in about 60% of the time (outputs are compared
 # within one process, so codegen flags cannot hide a difference).
-XLA_FLAGS = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-             "--xla_llvm_disable_expensive_passes=true")
+XLA_FLAGS = (
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true"
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -84,8 +87,9 @@ def _family_part(family: str, part: str, report: dict):
 
   def run(shape, method, **kw):
     t0, c0 = time.perf_counter(), time.process_time()
-    res = api.generate(model, prompts, max_new_tokens=N_NEW, method=method, mesh=mesh_of(shape), **methods[method],
-                       **kw)
+    res = api.generate(
+        model, prompts, max_new_tokens=N_NEW, method=method, mesh=mesh_of(shape), **methods[method], **kw
+    )
     report["timings"][f"{shape} {method} {kw}"] = round(time.perf_counter() - t0, 2)
     report["cpu_s"][f"{shape} {method} {kw}"] = round(time.process_time() - c0, 2)
     assert len(res.tokens) == len(prompts) and res.stats["batch"] == len(prompts)
@@ -112,14 +116,24 @@ def _family_part(family: str, part: str, report: dict):
   report["rerun_tokens"] = run(special, "loopspec")  # again, with parameters already placed: no retrace
   report["rerun_traces"] = sum(sharding.TRACES.values()) - traces0
   report["state_specs"] = {
-      name: {jax.tree_util.keystr(p): _spec_of_sharding(s) for p, s in
-             jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))[0]}
-      for name, tree in sharding.LAST_SHARDINGS.items()}
-  report["state_meshes"] = {name: list(jax.tree_util.tree_leaves(tree)[0].mesh.shape.values())
-                            for name, tree in sharding.LAST_SHARDINGS.items()}
+      name: {
+          jax.tree_util.keystr(p): _spec_of_sharding(s)
+          for p, s in jax.tree_util.tree_flatten_with_path(
+              tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+          )[0]
+      }
+      for name, tree in sharding.LAST_SHARDINGS.items()
+  }
+  report["state_meshes"] = {
+      name: list(jax.tree_util.tree_leaves(tree)[0].mesh.shape.values())
+      for name, tree in sharding.LAST_SHARDINGS.items()
+  }
   report["traces"] = sum(sharding.TRACES.values())
-  report["cache_sizes"] = [[n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
-                           for n, m, st, c in sharding.jit_cache_sizes() if st["cfg"] == cfg]
+  report["cache_sizes"] = [
+      [n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
+      for n, m, st, c in sharding.jit_cache_sizes()
+      if st["cfg"] == cfg
+  ]
   report["n_wrappers"] = n_wrappers()
 
   # Memory plan vs the real per-device bytes of the greedy LoopSpec state of that run (same shapes and the same
@@ -133,13 +147,26 @@ def _family_part(family: str, part: str, report: dict):
   dec = plan_memory.make_decoder(cfg, "loopspec", d1, d2, cap, greedy=True)
   traces0 = sum(sharding.TRACES.values())
   cache, tokens = sharding.entry(common.prefill_state, mesh)(
-      params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=dec.readout_depths,
-      total_len=total + dec.extra_positions, random_init=False, cache_group=dec.cache_group)
+      params,
+      prompt_arr,
+      len_arr,
+      sp,
+      cfg=cfg,
+      readout_depths=dec.readout_depths,
+      total_len=total + dec.extra_positions,
+      random_init=False,
+      cache_group=dec.cache_group,
+  )
   st = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
   report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0
   sp_placed = sharding.place(sp, sharding.state_shardings(sp, cfg, mesh))
-  real = {"params": params, "committed_kv": st.cache, "spec_kv": st.spec, "lanes": st.lanes,
-          "other": (st.replace(cache=None, spec=None, lanes=None), sp_placed)}
+  real = {
+      "params": params,
+      "committed_kv": st.cache,
+      "spec_kv": st.spec,
+      "lanes": st.lanes,
+      "other": (st.replace(cache=None, spec=None, lanes=None), sp_placed),
+  }
   per_device = {}
   for cat, tree in real.items():
     by_dev = {}
@@ -166,14 +193,27 @@ def _spec(x):
 @pytest.fixture(scope="module")
 def reports():
   """Runs the workers concurrently; returns {family: merged report}."""
-  env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, JAX_PLATFORMS="cpu",
-             PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = dict(
+      os.environ,
+      XLA_FLAGS=XLA_FLAGS,
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  )
   tmp = tempfile.mkdtemp(prefix="sharding-test-")
   procs = {}
   for name in WORKERS:
     out = os.path.join(tmp, f"{name}.json")
-    procs[name] = (subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, out], cwd=_ROOT,
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out)
+    procs[name] = (
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", name, out],
+            cwd=_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+        out,
+    )
   result = {}
   for name, (p, out) in procs.items():
     log, _ = p.communicate(timeout=WORKER_TIMEOUT_S)
@@ -217,8 +257,12 @@ def test_parameters_sharded_as_the_rules_say(reports, family):
   spec, _, _, (data, model) = FAMILIES[family]
   cfg = model_config(spec)
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
-  heads, kv, mlp, vocab = (_expect(cfg.num_heads, model), _expect(cfg.num_kv_heads, model),
-                           _expect(cfg.intermediate_size, model), _expect(cfg.vocab_size, model))
+  heads, kv, mlp, vocab = (
+      _expect(cfg.num_heads, model),
+      _expect(cfg.num_kv_heads, model),
+      _expect(cfg.intermediate_size, model),
+      _expect(cfg.vocab_size, model),
+  )
   assert specs["['core']['wq']"] == [None, None, heads]
   assert specs["['core']['wk']"] == [None, None, kv]
   assert specs["['core']['wo']"] == [None, heads, None]
@@ -333,17 +377,23 @@ def test_logical_spec_fallback_and_whole_heads():
 
 def _abstract_states(cfg, batch=4, total=32):
   """{method: eval_shape of its (cache, tokens) prefill and its initial state} for AR, chain and LoopSpec."""
-  decoders = {"ar": autoregressive.make_decoder(cfg, greedy=False, random_init=False),
-              "chain": chain.make_decoder(cfg, greedy=False, random_init=False, d1=1, gamma=2),
-              "loopspec": loopspec_decoder.make_decoder(cfg, greedy=False, random_init=False, d1=2, d2=4,
-                                                        lane_capacity=None)}
+  decoders = {
+      "ar": autoregressive.make_decoder(cfg, greedy=False, random_init=False),
+      "chain": chain.make_decoder(cfg, greedy=False, random_init=False, d1=1, gamma=2),
+      "loopspec": loopspec_decoder.make_decoder(cfg, greedy=False, random_init=False, d1=2, d2=4, lane_capacity=None),
+  }
   sp = jax.eval_shape(lambda: common.make_sampling_params(batch, 1, 1.0, 0, 1.0, 0, None))
   prompt, lengths = jax.ShapeDtypeStruct((batch, 8), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32)
   out = {}
   for method, dec in decoders.items():
     prefill = lambda *a, dec=dec: common.prefill_state(
-        *a, cfg=cfg, readout_depths=dec.readout_depths, total_len=total + dec.extra_positions, random_init=False,
-        cache_group=dec.cache_group)
+        *a,
+        cfg=cfg,
+        readout_depths=dec.readout_depths,
+        total_len=total + dec.extra_positions,
+        random_init=False,
+        cache_group=dec.cache_group,
+    )
     cache, tokens = jax.eval_shape(prefill, looped.abstract_params(cfg), prompt, lengths, sp)
     out[method] = (cache, jax.eval_shape(lambda *a, dec=dec: dec.init(*a, **dec.init_kw), cache, tokens, lengths, sp))
   return out, sp
@@ -388,8 +438,10 @@ def test_pad_and_drop_requests():
   assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
   prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
   assert prompts == [[1, 2], [3], [0], [0]] and rid == [5, 9, 10, 11] and n == 2
-  res = api.GenerateResult([[1, 2], [3], [4], [5]], {"batch": 4, "tokens_generated": 5, "decode_seconds": 1.0,
-                                                     "per_request": {"ticks": [1, 2, 3, 4]}})
+  res = api.GenerateResult(
+      [[1, 2], [3], [4], [5]],
+      {"batch": 4, "tokens_generated": 5, "decode_seconds": 1.0, "per_request": {"ticks": [1, 2, 3, 4]}},
+  )
   out = sharding.drop_padding(res, 2)
   assert out.tokens == [[1, 2], [3]] and out.stats["tokens_generated"] == 3 and out.stats["padded_batch"] == 4
   assert out.stats["per_request"]["ticks"] == [1, 2]
@@ -404,6 +456,7 @@ def test_mesh_configs_build_rules():
   assert sharding.rules_from_config(v5e_8.get_config()) == sharding.RULES
   with pytest.raises(ValueError, match="DATAxMODEL"):
     cpu8.get_config("8,1")
+
 
 if __name__ == "__main__":
   if len(sys.argv) == 4 and sys.argv[1] == "--worker":

@@ -161,5 +161,5 @@ class TestTheorem1AndChain:
     assert theory.chain_expected_tokens(1.0, 4) == 5.0
     assert theory.chain_expected_tokens(0.0, 4) == 1.0
     assert theory.chain_expected_tokens(0.5, 2) == pytest.approx(1.75)
-    assert theory.chain_expected_tokens(0.8, 5) == pytest.approx(sum(0.8 ** k for k in range(6)))
+    assert theory.chain_expected_tokens(0.8, 5) == pytest.approx(sum(0.8**k for k in range(6)))
     np.testing.assert_allclose(theory.chain_expected_tokens(np.array([0.5, 1.0]), 2), [1.75, 3.0])

@@ -1,4 +1,5 @@
 """Training: the loss goes down, kill-and-resume is bit-exact (params and data order), export loads back."""
+
 import os
 
 import chex

@@ -1,4 +1,5 @@
 """Tests of the verification kernels: exact (enumerated) and sampled output distributions, greedy, guards."""
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,7 @@ def test_gate_both_states_occur():
 
 # ---- sampled checks of the wired-up kernels ----
 
+
 def _cascade_step(key, p, q1, p_d2):
   k1, k2, k3 = jax.random.split(key, 3)
   x1 = sampling.sample_token(k1, q1)
@@ -177,6 +179,7 @@ def test_single_proposal_sampled(seed, kind):
 
 # ---- greedy (one-hot) ----
 
+
 def _onehot_logits(key, idx, v):
   return jax.random.normal(key, (v,)) + 10.0 * jax.nn.one_hot(idx, v)
 
@@ -211,6 +214,7 @@ def test_cascade_greedy_all_argmax_combinations():
 
 
 # ---- float guards ----
+
 
 def test_acceptance_prob_guards():
   p = jnp.array([0.5, 0.5, 0.0, 0.0])
@@ -262,6 +266,7 @@ def test_cascade_no_mass_fallbacks():
 
 
 # ---- chain verification ----
+
 
 def exact_chain_n(a):
   """P(n accepted) of a G-chain whose draft i is accepted with probability a[i] (a list)."""
@@ -413,6 +418,7 @@ def test_chain_guards_and_empty():
 
 
 # ---- vmap / jit ----
+
 
 def test_kernels_vmap_and_jit_match_single_calls():
   v, b = 6, 5

@@ -29,6 +29,7 @@ bytes) unless `branch="mean"`.
 `roofline` turns a cost into a step time on a named accelerator: max(flops / peak, bytes / bandwidth)
 + ops * per-op overhead.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,21 +52,57 @@ from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 from loopspec_jax.models import looped as M
 
 DTYPE_BYTES = {
-    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
-    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
-    "token": 0, "tuple": 0,
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "s4": 0.5,
+    "u4": 0.5,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3b11fnuz": 1,
+    "token": 0,
+    "tuple": 0,
 }
-FREE_OPS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
-                      "opt-barrier", "partition-id", "replica-id", "add-dependency"})
+FREE_OPS = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "opt-barrier",
+        "partition-id",
+        "replica-id",
+        "add-dependency",
+    }
+)
 VIEW_OPS = frozenset({"bitcast", "reshape", "convert", "get-tuple-element"})  # no data movement on a device
 MOVE_OPS = frozenset({"copy", "transpose"})  # physical layout changes
 SLICE_OPS = frozenset({"dynamic-slice", "slice", "gather"})
 INPLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
 CATEGORIES = ("weights", "kv", "copies", "other")
 
-MAKE_DECODER = {"ar": autoregressive.make_decoder, "chain": chain.make_decoder,
-                "loopspec": loopspec_decoder.make_decoder}
+MAKE_DECODER = {
+    "ar": autoregressive.make_decoder,
+    "chain": chain.make_decoder,
+    "loopspec": loopspec_decoder.make_decoder,
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -74,6 +111,7 @@ MAKE_DECODER = {"ar": autoregressive.make_decoder, "chain": chain.make_decoder,
 @dataclasses.dataclass
 class Instr:
   """One HLO instruction: leaves of its shape as (dtype, dims), opcode, operand names, raw attributes."""
+
   name: str
   shapes: List[Tuple[str, Tuple[int, ...]]]
   is_tuple: bool
@@ -174,7 +212,7 @@ def parse_instr(line: str) -> Optional[Tuple[Instr, bool]]:
     return None
   opcode = om.group(1)
   end = _balanced(rest, om.end() - 1)
-  raw = rest[om.end():end - 1]
+  raw = rest[om.end() : end - 1]
   attrs = rest[end:]
   operands = []
   if opcode != "constant":
@@ -230,6 +268,7 @@ class CopyRecord:
 @dataclasses.dataclass
 class StepCost:
   """Cost of one iteration of the outer loop. Bytes per category; flops; ops; copies of >= one cache slot."""
+
   ops: float = 0.0
   flops: float = 0.0
   bytes: Dict[str, float] = dataclasses.field(default_factory=lambda: {c: 0.0 for c in CATEGORIES})
@@ -274,17 +313,25 @@ class StepCost:
     self.conditionals += other.conditionals
 
   def as_dict(self) -> dict:
-    return {"ops": self.ops, "flops": self.flops, "bytes": dict(self.bytes), "total_bytes": self.total_bytes,
-            "convert_bytes": self.convert_bytes, "loop_carried_copies": self.loop_carried_copies,
-            "cache_sized_copies": self.cache_sized_copies,
-            "large_copies": [dataclasses.asdict(c) for c in self.large_copies],
-            "unknown_trip_counts": self.unknown_trip_counts, "conditionals": self.conditionals,
-            "branch_policy": self.branch_policy}
+    return {
+        "ops": self.ops,
+        "flops": self.flops,
+        "bytes": dict(self.bytes),
+        "total_bytes": self.total_bytes,
+        "convert_bytes": self.convert_bytes,
+        "loop_carried_copies": self.loop_carried_copies,
+        "cache_sized_copies": self.cache_sized_copies,
+        "large_copies": [dataclasses.asdict(c) for c in self.large_copies],
+        "unknown_trip_counts": self.unknown_trip_counts,
+        "conditionals": self.conditionals,
+        "branch_policy": self.branch_policy,
+    }
 
 
 @dataclasses.dataclass
 class Frame:
   """A computation as executed from one call site (fusion, call, while body, conditional branch)."""
+
   comp: Computation
   caller: Optional[Instr]
   parent: Optional["Frame"]
@@ -295,6 +342,7 @@ class Frame:
 @dataclasses.dataclass(frozen=True)
 class Origin:
   """Where a value's bytes live: kind weights | kv | state | computed, and the storage bytes per element."""
+
   kind: str
   itemsize: float
 
@@ -302,8 +350,9 @@ class Origin:
 class HloCostModel:
   """Sums the cost of one iteration of the outermost while loop of an optimised HLO module."""
 
-  def __init__(self, text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"),
-               branch: str = "max"):
+  def __init__(
+      self, text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch: str = "max"
+  ):
     if branch not in ("max", "mean"):
       raise ValueError(f"branch must be 'max' or 'mean', got {branch!r}")
     self.comps, self.entry = parse_hlo(text)
@@ -410,8 +459,11 @@ class HloCostModel:
       if name not in frame.comp.instrs:
         return Origin("kv" if kv else "computed", 4)
       ins = frame.comp.instrs[name]
-      leaf_dims = ins.shapes[idx[0]][1] if (idx and ins.is_tuple and idx[0] < len(ins.shapes)) else (
-          ins.dims if not ins.is_tuple else None)
+      leaf_dims = (
+          ins.shapes[idx[0]][1]
+          if (idx and ins.is_tuple and idx[0] < len(ins.shapes))
+          else (ins.dims if not ins.is_tuple else None)
+      )
       if leaf_dims is not None and tuple(leaf_dims) in self.kv_dims:
         kv = True
       op = ins.opcode
@@ -449,7 +501,9 @@ class HloCostModel:
 
   def _branch_operand(self, frame: Frame) -> int:
     comp_names = frame.caller.attr_list("branch_computations") or [
-        frame.caller.attr("true_computation"), frame.caller.attr("false_computation")]
+        frame.caller.attr("true_computation"),
+        frame.caller.attr("false_computation"),
+    ]
     return 1 + comp_names.index(frame.comp.name)
 
   def _storage_itemsize(self, frame: Frame, name: str, idx: Tuple[int, ...]) -> float:
@@ -662,8 +716,9 @@ def _fusion_kind(comp: Computation) -> Tuple[str, Optional[int]]:
     ins = comp.instrs[name]
     if ins.opcode == "parameter":
       return "view", p
-    if ins.opcode in VIEW_OPS or (ins.opcode in ("dynamic-slice", "slice") and _contiguous(
-        comp.instrs[ins.operands[0]].dims, ins.dims)):
+    if ins.opcode in VIEW_OPS or (
+        ins.opcode in ("dynamic-slice", "slice") and _contiguous(comp.instrs[ins.operands[0]].dims, ins.dims)
+    ):
       name = ins.operands[0]
     else:
       break
@@ -727,8 +782,9 @@ def _inplace_roots(comp: Computation) -> Dict[int, int]:
   return out
 
 
-def analyze_hlo(text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"),
-                branch: str = "max") -> StepCost:
+def analyze_hlo(
+    text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch: str = "max"
+) -> StepCost:
   """Cost of one iteration of the outermost while loop in an optimised HLO module text."""
   return HloCostModel(text, kv_dims, slot_bytes, branch).analyze()
 
@@ -739,6 +795,7 @@ def analyze_hlo(text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: 
 @dataclasses.dataclass
 class CompiledLoop:
   """A decoder's compiled decode loop and what the cost model needs to read it."""
+
   method: str
   hlo: str
   kv_dims: List[Tuple[int, ...]]  # dims of the loop-carried KV buffers (cache, speculative store)
@@ -757,8 +814,16 @@ def _kv_leaf_dims(state) -> List[Tuple[int, ...]]:
   return out
 
 
-def compile_decode_loop(cfg: ModelConfig, method: str, *, batch: int = 1, prompt_len: int = 16,
-                        greedy: bool = True, random_init: bool = False, **method_kw) -> CompiledLoop:
+def compile_decode_loop(
+    cfg: ModelConfig,
+    method: str,
+    *,
+    batch: int = 1,
+    prompt_len: int = 16,
+    greedy: bool = True,
+    random_init: bool = False,
+    **method_kw,
+) -> CompiledLoop:
   """Compiles `method`'s jitted decode loop for cfg from abstract shapes (nothing is allocated).
 
   The cache holds cfg.max_len positions (+ the decoder's extra positions), as `run_decoder` would allocate
@@ -773,8 +838,19 @@ def compile_decode_loop(cfg: ModelConfig, method: str, *, batch: int = 1, prompt
   lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
   total = cfg.max_len + dec.extra_positions
   cache, tokens = jax.eval_shape(
-      functools.partial(common.prefill_state, cfg=cfg, readout_depths=dec.readout_depths, total_len=total,
-                        random_init=random_init, cache_group=dec.cache_group), params, prompt, lengths, sp)
+      functools.partial(
+          common.prefill_state,
+          cfg=cfg,
+          readout_depths=dec.readout_depths,
+          total_len=total,
+          random_init=random_init,
+          cache_group=dec.cache_group,
+      ),
+      params,
+      prompt,
+      lengths,
+      sp,
+  )
   state = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
   t0 = time.perf_counter()
   hlo = dec.loop.lower(params, state, sp, **dec.loop_kw).compile().as_text()
@@ -844,11 +920,14 @@ def tokens_per_iteration(method: str, cfg: ModelConfig, accepted_length: float, 
   raise ValueError(f"unknown method {method!r}")
 
 
-def project(cost: StepCost, tokens_per_iter: float, accelerators: Dict[str, dict], op_overhead: float = 0.0,
-            batch: int = 1) -> Dict[str, float]:
+def project(
+    cost: StepCost, tokens_per_iter: float, accelerators: Dict[str, dict], op_overhead: float = 0.0, batch: int = 1
+) -> Dict[str, float]:
   """Projected tokens/s (all requests of the batch) on each named accelerator."""
-  return {name: batch * tokens_per_iter / step_seconds(cost, a["peak_flops"], a["hbm_bandwidth"], op_overhead)
-          for name, a in accelerators.items()}
+  return {
+      name: batch * tokens_per_iter / step_seconds(cost, a["peak_flops"], a["hbm_bandwidth"], op_overhead)
+      for name, a in accelerators.items()
+  }
 
 
 def live_lanes(r: int, d1: int) -> int:

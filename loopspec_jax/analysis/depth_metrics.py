@@ -9,6 +9,7 @@ KL(p_R || p_r). Per-prompt sums go to a JSONL file one complete line at a time, 
 (d1, d2); `plot_depths` draws them. The JSONL helpers and chain / cost-identity helpers here are shared with
 experiments/sweep.py and notebooks/sweep_analysis.ipynb.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,9 +33,21 @@ KL_EPS = 1e-9  # floor on p_r inside KL(p_R || p_r): a token p_r filtered out co
 # Bound on one lax.map chunk of readouts (depths x positions x vocab floats) to keep memory flat for long prompts.
 _CHUNK_FLOATS = 64 * 1024 * 1024
 
-__all__ = ["KL_EPS", "TV_FLOOR", "read_jsonl", "append_jsonl", "run_key", "prepare_prompts", "depth_metrics",
-           "measure_depths", "summarize_depths", "plot_depths", "predicted_loopspec", "fit_chain_acceptance",
-           "implied_chain_acceptance"]
+__all__ = [
+    "KL_EPS",
+    "TV_FLOOR",
+    "read_jsonl",
+    "append_jsonl",
+    "run_key",
+    "prepare_prompts",
+    "depth_metrics",
+    "measure_depths",
+    "summarize_depths",
+    "plot_depths",
+    "predicted_loopspec",
+    "fit_chain_acceptance",
+    "implied_chain_acceptance",
+]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -93,8 +106,16 @@ def run_key(**fields) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Prompts as token ids
 # ----------------------------------------------------------------------------------------------------------
-def prepare_prompts(task: str, model, num: int, *, max_new_tokens: int, prompt_len: int = 32, seed: int = 0,
-                    max_prompt_tokens: Optional[int] = None) -> List[List[int]]:
+def prepare_prompts(
+    task: str,
+    model,
+    num: int,
+    *,
+    max_new_tokens: int,
+    prompt_len: int = 32,
+    seed: int = 0,
+    max_prompt_tokens: Optional[int] = None,
+) -> List[List[int]]:
   """Token-id prompts: 'random' draws `prompt_len` uniform ids per prompt (seeded); other tasks come from
   `loopspec_jax.prompts` encoded with the model's tokenizer and left-truncated (keeping the end) to fit
   max_prompt_tokens and the context with max_new_tokens."""
@@ -149,8 +170,9 @@ def _depth_metrics(params, tokens, length, start, n_valid, temperature, top_k, t
     p = process(logits)
     agree = (jnp.argmax(logits, axis=-1) == top_r).astype(jnp.float32)
     tv = 0.5 * jnp.sum(jnp.abs(p - p_r), axis=-1)
-    kl = jnp.sum(jnp.where(p_r > 0, p_r * (jnp.log(jnp.maximum(p_r, KL_EPS)) - jnp.log(jnp.maximum(p, KL_EPS))),
-                           0.0), axis=-1)
+    kl = jnp.sum(
+        jnp.where(p_r > 0, p_r * (jnp.log(jnp.maximum(p_r, KL_EPS)) - jnp.log(jnp.maximum(p, KL_EPS))), 0.0), axis=-1
+    )
     return agree, tv, jnp.maximum(kl, 0.0)
 
   valid = (jnp.arange(n_pos) < n_valid).astype(jnp.float32)[None]
@@ -166,8 +188,9 @@ def _bucket(x: int, m: int) -> int:
   return ((x + m - 1) // m) * m
 
 
-def depth_metrics(model, prompt: Sequence[int], generated: Sequence[int], sampling: Optional[dict] = None,
-                  n_pos: Optional[int] = None) -> Dict[str, np.ndarray]:
+def depth_metrics(
+    model, prompt: Sequence[int], generated: Sequence[int], sampling: Optional[dict] = None, n_pos: Optional[int] = None
+) -> Dict[str, np.ndarray]:
   """Per-depth [R, n] agreement, TV and KL at the positions that predicted `generated` (after `prompt`).
 
   The sequence is padded to a multiple of 32 and the positions to n_pos (default len(generated)) so that
@@ -183,10 +206,19 @@ def depth_metrics(model, prompt: Sequence[int], generated: Sequence[int], sampli
   n_pos = max(n, int(n_pos or n))
   t = min(_bucket(len(ids), 32), cfg.max_len)
   arr = np.zeros((1, t), np.int32)
-  arr[0, :len(ids)] = ids
-  out = _depth_metrics(model.params, jnp.asarray(arr), jnp.int32(len(ids)), jnp.int32(len(prompt) - 1),
-                       jnp.int32(n), jnp.float32(temperature), jnp.int32(sampling.get("top_k", 0)),
-                       jnp.float32(sampling.get("top_p", 1.0)), cfg=cfg, n_pos=n_pos)
+  arr[0, : len(ids)] = ids
+  out = _depth_metrics(
+      model.params,
+      jnp.asarray(arr),
+      jnp.int32(len(ids)),
+      jnp.int32(len(prompt) - 1),
+      jnp.int32(n),
+      jnp.float32(temperature),
+      jnp.int32(sampling.get("top_k", 0)),
+      jnp.float32(sampling.get("top_p", 1.0)),
+      cfg=cfg,
+      n_pos=n_pos,
+  )
   agree, tv, kl = (np.asarray(x, np.float64)[:, :n] for x in out)
   return {"agree": agree, "tv": tv, "kl": kl}
 
@@ -194,9 +226,18 @@ def depth_metrics(model, prompt: Sequence[int], generated: Sequence[int], sampli
 # ----------------------------------------------------------------------------------------------------------
 # The measurement loop (resumable) and its summary
 # ----------------------------------------------------------------------------------------------------------
-def measure_depths(model, prompts: List[List[int]], *, sampling: Optional[dict] = None, max_new_tokens: int,
-                   seed: int = 0, eos_id: Optional[int] = None, out_jsonl: Optional[str] = None,
-                   key: str = "", progress: bool = True) -> List[dict]:
+def measure_depths(
+    model,
+    prompts: List[List[int]],
+    *,
+    sampling: Optional[dict] = None,
+    max_new_tokens: int,
+    seed: int = 0,
+    eos_id: Optional[int] = None,
+    out_jsonl: Optional[str] = None,
+    key: str = "",
+    progress: bool = True,
+) -> List[dict]:
   """Decodes each prompt with AR at full depth and records per-depth sums; returns one record per prompt.
 
   Records already in `out_jsonl` under the same `key` are reused (skipped); new ones are appended as they
@@ -204,6 +245,7 @@ def measure_depths(model, prompts: List[List[int]], *, sampling: Optional[dict] 
   trajectories are the same in both.
   """
   from tqdm import tqdm
+
   sampling = {k: v for k, v in dict(sampling or {}).items() if k in ("temperature", "top_k", "top_p")}
   done = {}
   if out_jsonl:
@@ -215,21 +257,42 @@ def measure_depths(model, prompts: List[List[int]], *, sampling: Optional[dict] 
     if i in done and done[i]["prompt"] == list(prompts[i]):
       records.append(done[i])
       continue
-    res = api.generate(model, [prompts[i]], max_new_tokens=max_new_tokens, method="ar", seed=seed,
-                       eos_id=eos_id, request_ids=[i], **sampling)
+    res = api.generate(
+        model,
+        [prompts[i]],
+        max_new_tokens=max_new_tokens,
+        method="ar",
+        seed=seed,
+        eos_id=eos_id,
+        request_ids=[i],
+        **sampling,
+    )
     gen = res.tokens[0]
     m = depth_metrics(model, prompts[i], gen, sampling, n_pos=max_new_tokens)
-    rec = {"key": key, "index": i, "prompt": list(prompts[i]), "tokens": gen, "n": len(gen),
-           "agree": m["agree"].sum(1).tolist(), "tv_sum": m["tv"].sum(1).tolist(),
-           "kl_sum": m["kl"].sum(1).tolist(), "tv_max": m["tv"].max(1).tolist()}
+    rec = {
+        "key": key,
+        "index": i,
+        "prompt": list(prompts[i]),
+        "tokens": gen,
+        "n": len(gen),
+        "agree": m["agree"].sum(1).tolist(),
+        "tv_sum": m["tv"].sum(1).tolist(),
+        "kl_sum": m["kl"].sum(1).tolist(),
+        "tv_max": m["tv"].max(1).tolist(),
+    }
     if out_jsonl:
       append_jsonl(out_jsonl, rec)
     records.append(rec)
   return records
 
 
-def summarize_depths(records: List[dict], recurrence: int, include_single: bool = True,
-                     meta: Optional[dict] = None, tv_floor: float = TV_FLOOR) -> dict:
+def summarize_depths(
+    records: List[dict],
+    recurrence: int,
+    include_single: bool = True,
+    meta: Optional[dict] = None,
+    tv_floor: float = TV_FLOOR,
+) -> dict:
   """Per-depth means over all measured positions, the power-law fits and Theorem 2's predictions.
 
   Fits use depths 1..R-1 whose mean exceeds `tv_floor` (depth R is 0 by definition; below the floor a TV is
@@ -244,15 +307,27 @@ def summarize_depths(records: List[dict], recurrence: int, include_single: bool 
   col = lambda k: np.sum([rec[k] for rec in records], axis=0)
   agree, tv, kl = col("agree") / n, col("tv_sum") / n, col("kl_sum") / n
   depths = list(range(1, r + 1))
-  out = {"recurrence": r, "positions": int(n), "prompts": len(records), "depths": depths,
-         "agreement": agree.tolist(), "disagreement": (1.0 - agree).tolist(), "mean_tv": tv.tolist(),
-         "mean_kl": kl.tolist(), "max_tv": np.max([rec["tv_max"] for rec in records], axis=0).tolist(),
-         "fits": {"least_squares": None, "envelope": None, "disagreement_envelope": None},
-         "theorem2": None, "meta": meta or {}}
+  out = {
+      "recurrence": r,
+      "positions": int(n),
+      "prompts": len(records),
+      "depths": depths,
+      "agreement": agree.tolist(),
+      "disagreement": (1.0 - agree).tolist(),
+      "mean_tv": tv.tolist(),
+      "mean_kl": kl.tolist(),
+      "max_tv": np.max([rec["tv_max"] for rec in records], axis=0).tolist(),
+      "fits": {"least_squares": None, "envelope": None, "disagreement_envelope": None},
+      "theorem2": None,
+      "meta": meta or {},
+  }
   out["tv_floor"] = tv_floor
   d, t = np.asarray(depths[:-1], float), tv[:-1]
-  for name, y, env in (("least_squares", t, False), ("envelope", t, True),
-                       ("disagreement_envelope", 1.0 - agree[:-1], True)):
+  for name, y, env in (
+      ("least_squares", t, False),
+      ("envelope", t, True),
+      ("disagreement_envelope", 1.0 - agree[:-1], True),
+  ):
     keep = y > tv_floor
     try:
       beta, alpha = theory.fit_power_law(d[keep], y[keep], envelope=env)
@@ -268,10 +343,13 @@ def summarize_depths(records: List[dict], recurrence: int, include_single: bool 
     out["theorem2"] = {
         "optimal_continuous": [d1s, d2s],
         "best_feasible_two_proposal": None if two is None else list(two),
-        "best_feasible": list(best), "include_single": include_single,
+        "best_feasible": list(best),
+        "include_single": include_single,
         "predicted_gamma_bound": theory.predicted_gamma_bound(r, best[0], best[1], beta, alpha),
-        "cost_bound": {f"{c[0]},{c[1]}": theory.cost_bound(r, c[0], c[1], beta, alpha)
-                       for c in theory.feasible_configs(r, include_single=True)},
+        "cost_bound": {
+            f"{c[0]},{c[1]}": theory.cost_bound(r, c[0], c[1], beta, alpha)
+            for c in theory.feasible_configs(r, include_single=True)
+        },
     }
   return out
 
@@ -279,8 +357,10 @@ def summarize_depths(records: List[dict], recurrence: int, include_single: bool 
 def plot_depths(summary: dict, path: str, title: str = ""):
   """Log-log plot of mean TV and greedy disagreement by depth with the fitted power laws (PNG via Agg)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   d = np.asarray(summary["depths"], float)
   fig, ax = plt.subplots(figsize=(6, 4))
   for key, label, marker in (("mean_tv", "E[TV(p_r, p_R)]", "o"), ("disagreement", "P(argmax p_r != argmax p_R)", "s")):
@@ -291,8 +371,12 @@ def plot_depths(summary: dict, path: str, title: str = ""):
   for key, style, label in (("envelope", "k--", "envelope"), ("least_squares", "k:", "least squares")):
     f = summary["fits"].get(key)
     if f:
-      ax.plot(grid, theory.power_law(grid, f["beta"], f["alpha"]), style,
-              label=f"{label}: {f['beta']:.3g} r^-{f['alpha']:.2f}")
+      ax.plot(
+          grid,
+          theory.power_law(grid, f["beta"], f["alpha"]),
+          style,
+          label=f"{label}: {f['beta']:.3g} r^-{f['alpha']:.2f}",
+      )
   t2 = summary.get("theorem2")
   if t2:
     for x, c in zip(t2["optimal_continuous"], ("tab:red", "tab:purple")):
@@ -312,8 +396,7 @@ def plot_depths(summary: dict, path: str, title: str = ""):
 # ----------------------------------------------------------------------------------------------------------
 # Cost identity and chain helpers for sweep rows
 # ----------------------------------------------------------------------------------------------------------
-def predicted_loopspec(recurrence: int, d1: int, d2: Optional[int], n: int, reject_first: int,
-                       restart: int) -> dict:
+def predicted_loopspec(recurrence: int, d1: int, d2: Optional[int], n: int, reject_first: int, restart: int) -> dict:
   """C and gamma = R / C predicted by the cost identity from measured rates (counts / N commits)."""
   p1 = reject_first / n
   pr = restart / n

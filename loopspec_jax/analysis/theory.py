@@ -6,6 +6,7 @@ experiments and reports call them to turn measured rates and TV curves into pred
 depths (d2=None means single-proposal mode, which behaves as d2 = R), phi(r) = beta * r^(-alpha) a power-law
 envelope of E[TV(p_r, p_R)].
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -86,8 +87,9 @@ def single_proposal_gamma(R: int, d1: int, p_reject_first):
   return expected_gamma(R, d1, None, p_reject_first)
 
 
-def gamma_from_counts(R: int, d1: int, d2: Optional[int], n_committed: int, n_reject_first: int,
-                      n_restart: int) -> float:
+def gamma_from_counts(
+    R: int, d1: int, d2: Optional[int], n_committed: int, n_reject_first: int, n_restart: int
+) -> float:
   """gamma exactly as the release computes it from counts over N committed tokens.
 
   gamma = R * N / (N * d1 + n_rej1 * (d2 - d1) + n_restart * (R - d2)); d2=None means d2 = R (the restart
@@ -98,8 +100,7 @@ def gamma_from_counts(R: int, d1: int, d2: Optional[int], n_committed: int, n_re
   if n <= 0:
     raise ValueError(f"n_committed must be positive, got {n_committed}")
   if not 0 <= n_restart <= n or not 0 <= n_reject_first <= n:
-    raise ValueError(f"counts must lie in [0, N={n}], got n_reject_first={n_reject_first}, "
-                     f"n_restart={n_restart}")
+    raise ValueError(f"counts must lie in [0, N={n}], got n_reject_first={n_reject_first}, " f"n_restart={n_restart}")
   d2_eff = R if d2 is None else d2
   cycles = n * d1 + n_reject_first * (d2_eff - d1) + n_restart * (R - d2_eff)
   return float(R * n / cycles)
@@ -149,7 +150,7 @@ def fit_power_law(depths: Sequence[float], tv: Sequence[float], envelope: bool =
   alpha, beta = float(-slope), float(np.exp(intercept))
   if envelope:
     alpha = max(alpha, 0.0)
-    beta = float(np.max(tk * rk ** alpha))
+    beta = float(np.max(tk * rk**alpha))
   return beta, alpha
 
 
@@ -203,8 +204,7 @@ def feasible_configs(R: int, include_single: bool = False) -> List[Tuple[int, Op
   return out
 
 
-def best_feasible_depths(R: int, beta: float, alpha: float,
-                         include_single: bool = False) -> Tuple[int, Optional[int]]:
+def best_feasible_depths(R: int, beta: float, alpha: float, include_single: bool = False) -> Tuple[int, Optional[int]]:
   """Feasible (d1, d2) minimising cost_bound; ties go to the smaller d1, then the smaller d2.
 
   The integer counterpart of optimal_depths (which is generally not feasible). Raises if R admits no config.

@@ -4,6 +4,7 @@ Every tensor of the file is accounted for: a missing, unexpected or mis-shaped t
 or an unknown family is a `CheckpointError` naming it. Linear weights are stored [out, in] (PyTorch) and
 become [in, out] here.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,12 @@ def detect_family(hf_cfg: dict, names) -> str:
       return "raven-llama"
     if any(n.endswith("attn.qk_bias") for n in names):
       return "huginn"
-    raise CheckpointError("Raven checkpoint with norm_3/norm_4 but no qk_bias: unknown block style; "
-                          "force one with family=")
-  raise CheckpointError(f"unknown family: model_type={mt!r}, architectures={archs!r}; "
-                        f"pass family= one of {FAMILIES}")
+    raise CheckpointError(
+        "Raven checkpoint with norm_3/norm_4 but no qk_bias: unknown block style; " "force one with family="
+    )
+  raise CheckpointError(
+      f"unknown family: model_type={mt!r}, architectures={archs!r}; " f"pass family= one of {FAMILIES}"
+  )
 
 
 def config_from_hf(hf_cfg: dict, family: str, dtype: str = "float32", where: str = "checkpoint") -> ModelConfig:
@@ -65,15 +68,26 @@ def config_from_hf(hf_cfg: dict, family: str, dtype: str = "float32", where: str
     if scaling:
       raise CheckpointError(f"config.json of {where}: rope_scaling {scaling!r} is not supported for ouro")
     return ModelConfig(
-        family="ouro", vocab_size=_need(hf_cfg, "vocab_size", where), hidden_size=e, num_heads=h,
-        num_kv_heads=hf_cfg.get("num_key_value_heads", h), head_dim=hf_cfg.get("head_dim") or e // h,
-        intermediate_size=_need(hf_cfg, "intermediate_size", where), n_prelude=0,
-        n_core=_need(hf_cfg, "num_hidden_layers", where), n_coda=0,
+        family="ouro",
+        vocab_size=_need(hf_cfg, "vocab_size", where),
+        hidden_size=e,
+        num_heads=h,
+        num_kv_heads=hf_cfg.get("num_key_value_heads", h),
+        head_dim=hf_cfg.get("head_dim") or e // h,
+        intermediate_size=_need(hf_cfg, "intermediate_size", where),
+        n_prelude=0,
+        n_core=_need(hf_cfg, "num_hidden_layers", where),
+        n_coda=0,
         recurrence=_need(hf_cfg, "total_ut_steps", where),
-        max_len=hf_cfg.get("max_position_embeddings", 4096), rope_theta=float(hf_cfg.get("rope_theta", 10000.0)),
+        max_len=hf_cfg.get("max_position_embeddings", 4096),
+        rope_theta=float(hf_cfg.get("rope_theta", 10000.0)),
         norm_eps=float(hf_cfg.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), dtype=dtype, has_exit_gate=True,
-        bos_id=hf_cfg.get("bos_token_id"), eos_id=_first(hf_cfg.get("eos_token_id")))
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        dtype=dtype,
+        has_exit_gate=True,
+        bos_id=hf_cfg.get("bos_token_id"),
+        eos_id=_first(hf_cfg.get("eos_token_id")),
+    )
   e = _need(hf_cfg, "n_embd", where)
   h = _need(hf_cfg, "n_heads", where)
   init = hf_cfg.get("init_values") or {}
@@ -91,23 +105,36 @@ def config_from_hf(hf_cfg: dict, family: str, dtype: str = "float32", where: str
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind != "llama3":
       raise CheckpointError(f"config.json of {where}: rope_scaling type {kind!r} is not supported")
-    llama3 = tuple(float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                                "original_max_position_embeddings"))
+    llama3 = tuple(
+        float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    )
   vocab = hf_cfg.get("padded_vocab_size", hf_cfg.get("vocab_size"))
   if vocab is None:
     raise CheckpointError(f"config.json of {where} is missing the key 'padded_vocab_size' (or 'vocab_size')")
   return ModelConfig(
-      family=family, vocab_size=vocab, hidden_size=e, num_heads=h,
-      num_kv_heads=hf_cfg.get("num_key_value_heads", h), head_dim=hf_cfg.get("head_dim") or e // h,
+      family=family,
+      vocab_size=vocab,
+      hidden_size=e,
+      num_heads=h,
+      num_kv_heads=hf_cfg.get("num_key_value_heads", h),
+      head_dim=hf_cfg.get("head_dim") or e // h,
       intermediate_size=_need(hf_cfg, "intermediate_size", where),
       n_prelude=_need(hf_cfg, "n_layers_in_prelude", where),
       n_core=_need(hf_cfg, "n_layers_in_recurrent_block", where),
       n_coda=_need(hf_cfg, "n_layers_in_coda", where),
-      recurrence=_need(hf_cfg, "mean_recurrence", where), max_len=hf_cfg.get("block_size", 4096),
-      rope_theta=float(theta), rope_interleaved=(family == "huginn"), rope_llama3=llama3,
-      norm_eps=float(hf_cfg.get("norm_eps", 1e-6)), embed_scale=embed_scale,
-      init_std=float(init.get("std", 0.0)), tie_embeddings=(family == "huginn"), dtype=dtype,
-      bos_id=hf_cfg.get("bos_token_id"), eos_id=_first(hf_cfg.get("eos_token_id")))
+      recurrence=_need(hf_cfg, "mean_recurrence", where),
+      max_len=hf_cfg.get("block_size", 4096),
+      rope_theta=float(theta),
+      rope_interleaved=(family == "huginn"),
+      rope_llama3=llama3,
+      norm_eps=float(hf_cfg.get("norm_eps", 1e-6)),
+      embed_scale=embed_scale,
+      init_std=float(init.get("std", 0.0)),
+      tie_embeddings=(family == "huginn"),
+      dtype=dtype,
+      bos_id=hf_cfg.get("bos_token_id"),
+      eos_id=_first(hf_cfg.get("eos_token_id")),
+  )
 
 
 def _first(x):
@@ -118,22 +145,49 @@ def config_to_hf(cfg: ModelConfig) -> dict:
   """The config.json of a ModelConfig, with the family's real key names."""
   if cfg.family == "ouro":
     return {
-        "architectures": ["OuroForCausalLM"], "model_type": "ouro", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.n_core, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings, "total_ut_steps": cfg.recurrence,
-        "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "torch_dtype": "float32"}
+        "architectures": ["OuroForCausalLM"],
+        "model_type": "ouro",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.n_core,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "total_ut_steps": cfg.recurrence,
+        "bos_token_id": cfg.bos_id,
+        "eos_token_id": cfg.eos_id,
+        "torch_dtype": "float32",
+    }
   d = {
-      "architectures": ["RavenForCausalLM"], "model_type": "huginn_raven", "n_embd": cfg.hidden_size,
-      "n_heads": cfg.num_heads, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-      "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-      "padded_vocab_size": cfg.vocab_size, "n_layers_in_prelude": cfg.n_prelude,
-      "n_layers_in_recurrent_block": cfg.n_core, "n_layers_in_coda": cfg.n_coda,
-      "mean_recurrence": cfg.recurrence, "norm_eps": cfg.norm_eps, "block_size": cfg.max_len,
-      "block_class_name": "SandwichBlock", "init_values": {"std": cfg.init_std, "embed_scale": cfg.embed_scale},
-      "tie_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
+      "architectures": ["RavenForCausalLM"],
+      "model_type": "huginn_raven",
+      "n_embd": cfg.hidden_size,
+      "n_heads": cfg.num_heads,
+      "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim,
+      "intermediate_size": cfg.intermediate_size,
+      "vocab_size": cfg.vocab_size,
+      "padded_vocab_size": cfg.vocab_size,
+      "n_layers_in_prelude": cfg.n_prelude,
+      "n_layers_in_recurrent_block": cfg.n_core,
+      "n_layers_in_coda": cfg.n_coda,
+      "mean_recurrence": cfg.recurrence,
+      "norm_eps": cfg.norm_eps,
+      "block_size": cfg.max_len,
+      "block_class_name": "SandwichBlock",
+      "init_values": {"std": cfg.init_std, "embed_scale": cfg.embed_scale},
+      "tie_embeddings": cfg.tie_embeddings,
+      "bos_token_id": cfg.bos_id,
+      "eos_token_id": cfg.eos_id,
+  }
   if cfg.family == "huginn":
     d["rope_base"] = cfg.rope_theta
     d["qk_bias"] = True
@@ -141,8 +195,13 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     d["rope_theta"] = cfg.rope_theta
   if cfg.rope_llama3 is not None:
     f, lo, hi, old = cfg.rope_llama3
-    d["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
-                         "original_max_position_embeddings": int(old)}
+    d["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": f,
+        "low_freq_factor": lo,
+        "high_freq_factor": hi,
+        "original_max_position_embeddings": int(old),
+    }
   return d
 
 
@@ -151,17 +210,30 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------
 def _expected_tensors(cfg: ModelConfig) -> dict:
   """{hf_name: hf_shape} the family's checkpoint must contain."""
-  e, h, kv, d, i, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                       cfg.vocab_size)
+  e, h, kv, d, i, v = (
+      cfg.hidden_size,
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      cfg.head_dim,
+      cfg.intermediate_size,
+      cfg.vocab_size,
+  )
   out = {}
   if cfg.family == "ouro":
     out["model.embed_tokens.weight"] = (v, e)
     for l in range(cfg.n_core):
       p = f"model.layers.{l}."
-      out.update({p + "self_attn.q_proj.weight": (h * d, e), p + "self_attn.k_proj.weight": (kv * d, e),
-                  p + "self_attn.v_proj.weight": (kv * d, e), p + "self_attn.o_proj.weight": (e, h * d),
-                  p + "mlp.gate_proj.weight": (i, e), p + "mlp.up_proj.weight": (i, e),
-                  p + "mlp.down_proj.weight": (e, i)})
+      out.update(
+          {
+              p + "self_attn.q_proj.weight": (h * d, e),
+              p + "self_attn.k_proj.weight": (kv * d, e),
+              p + "self_attn.v_proj.weight": (kv * d, e),
+              p + "self_attn.o_proj.weight": (e, h * d),
+              p + "mlp.gate_proj.weight": (i, e),
+              p + "mlp.up_proj.weight": (i, e),
+              p + "mlp.down_proj.weight": (e, i),
+          }
+      )
       for n in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"):
         out[p + n + ".weight"] = (e,)
     out["model.norm.weight"] = (e,)
@@ -179,8 +251,14 @@ def _expected_tensors(cfg: ModelConfig) -> dict:
   for stack, n in (("prelude", cfg.n_prelude), ("core_block", cfg.n_core), ("coda", cfg.n_coda)):
     for l in range(n):
       p = f"transformer.{stack}.{l}."
-      out.update({p + "attn.Wqkv.weight": ((h + 2 * kv) * d, e), p + "attn.proj.weight": (e, h * d),
-                  p + "mlp.fc.weight": (2 * i, e), p + "mlp.proj.weight": (e, i)})
+      out.update(
+          {
+              p + "attn.Wqkv.weight": ((h + 2 * kv) * d, e),
+              p + "attn.proj.weight": (e, h * d),
+              p + "mlp.fc.weight": (2 * i, e),
+              p + "mlp.proj.weight": (e, i),
+          }
+      )
       for j in range(1, cfg.norms_per_layer + 1):
         out[p + f"norm_{j}.weight"] = (e,)
       if cfg.qk_bias:
@@ -191,20 +269,34 @@ def _expected_tensors(cfg: ModelConfig) -> dict:
   return out
 
 
-_OURO_LAYER = {"self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",
-               "self_attn.o_proj.weight": "wo", "mlp.gate_proj.weight": "w_gate", "mlp.up_proj.weight": "w_up",
-               "mlp.down_proj.weight": "w_down", "input_layernorm.weight": "norm_1",
-               "input_layernorm_2.weight": "norm_2", "post_attention_layernorm.weight": "norm_3",
-               "post_attention_layernorm_2.weight": "norm_4"}
+_OURO_LAYER = {
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+    "input_layernorm.weight": "norm_1",
+    "input_layernorm_2.weight": "norm_2",
+    "post_attention_layernorm.weight": "norm_3",
+    "post_attention_layernorm_2.weight": "norm_4",
+}
 
 
 def _raven_layer_from_hf(get, prefix: str, cfg: ModelConfig) -> dict:
   h, kv, d, i = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
   wqkv = get(prefix + "attn.Wqkv.weight")
   fc = get(prefix + "mlp.fc.weight")
-  layer = {"wq": wqkv[:h * d].T, "wk": wqkv[h * d:(h + kv) * d].T, "wv": wqkv[(h + kv) * d:].T,
-           "wo": get(prefix + "attn.proj.weight").T, "w_gate": fc[:i].T, "w_up": fc[i:].T,
-           "w_down": get(prefix + "mlp.proj.weight").T}
+  layer = {
+      "wq": wqkv[: h * d].T,
+      "wk": wqkv[h * d : (h + kv) * d].T,
+      "wv": wqkv[(h + kv) * d :].T,
+      "wo": get(prefix + "attn.proj.weight").T,
+      "w_gate": fc[:i].T,
+      "w_up": fc[i:].T,
+      "w_down": get(prefix + "mlp.proj.weight").T,
+  }
   for j in range(1, cfg.norms_per_layer + 1):
     layer[f"norm_{j}"] = get(prefix + f"norm_{j}.weight")
   if cfg.qk_bias:
@@ -232,10 +324,16 @@ def params_from_hf(cfg: ModelConfig, get) -> dict:
     if not cfg.tie_embeddings:
       params["lm_head"] = get("lm_head.weight").T
     return params
-  params = {"embed": get("transformer.wte.weight"), "adapter": get("transformer.adapter.weight").T,
-            "final_norm": get("transformer.ln_f.weight")}
-  for ours, stack, n in (("prelude", "prelude", cfg.n_prelude), ("core", "core_block", cfg.n_core),
-                         ("coda", "coda", cfg.n_coda)):
+  params = {
+      "embed": get("transformer.wte.weight"),
+      "adapter": get("transformer.adapter.weight").T,
+      "final_norm": get("transformer.ln_f.weight"),
+  }
+  for ours, stack, n in (
+      ("prelude", "prelude", cfg.n_prelude),
+      ("core", "core_block", cfg.n_core),
+      ("coda", "coda", cfg.n_coda),
+  ):
     if n == 0:
       raise CheckpointError(f"a Raven checkpoint needs at least one {stack} layer")
     params[ours] = _stack([_raven_layer_from_hf(get, f"transformer.{stack}.{l}.", cfg) for l in range(n)])
@@ -246,8 +344,10 @@ def params_from_hf(cfg: ModelConfig, get) -> dict:
 
 def params_to_hf(cfg: ModelConfig, params) -> dict:
   """Inverse of params_from_hf: {hf_name: np.ndarray} in PyTorch layout."""
-  p = {k: (np.asarray(v) if not isinstance(v, dict) else {kk: np.asarray(vv) for kk, vv in v.items()})
-       for k, v in params.items()}
+  p = {
+      k: (np.asarray(v) if not isinstance(v, dict) else {kk: np.asarray(vv) for kk, vv in v.items()})
+      for k, v in params.items()
+  }
   out = {}
   if cfg.family == "ouro":
     out["model.embed_tokens.weight"] = p["embed"]
@@ -268,8 +368,11 @@ def params_to_hf(cfg: ModelConfig, params) -> dict:
   out["transformer.ln_f.weight"] = p["final_norm"]
   if not cfg.tie_embeddings:
     out["lm_head.weight"] = p["lm_head"].T
-  for ours, stack, n in (("prelude", "prelude", cfg.n_prelude), ("core", "core_block", cfg.n_core),
-                         ("coda", "coda", cfg.n_coda)):
+  for ours, stack, n in (
+      ("prelude", "prelude", cfg.n_prelude),
+      ("core", "core_block", cfg.n_core),
+      ("coda", "coda", cfg.n_coda),
+  ):
     for l in range(n):
       s = {k: v[l] for k, v in p[ours].items()}
       pre = f"transformer.{stack}.{l}."
@@ -297,6 +400,7 @@ class _TensorFiles:
 
   def __init__(self, path: str):
     from safetensors import safe_open
+
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
@@ -367,6 +471,7 @@ def read_hf(path: str, family: Optional[str] = None, dtype: str = "float32"):
 def write_hf(path: str, cfg: ModelConfig, params, shards: int = 1):
   """Writes config.json and model.safetensors (or `shards` files plus an index) in the family's layout."""
   from safetensors.numpy import save_file
+
   os.makedirs(path, exist_ok=True)
   tensors = {k: v.astype(np.float32) for k, v in params_to_hf(cfg, params).items()}
   with open(os.path.join(path, "config.json"), "w") as f:
@@ -382,5 +487,8 @@ def write_hf(path: str, cfg: ModelConfig, params, shards: int = 1):
     save_file(part, os.path.join(path, fn))
     weight_map.update({n: fn for n in part})
   with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-    json.dump({"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
-               "weight_map": weight_map}, f, indent=2)
+    json.dump(
+        {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map},
+        f,
+        indent=2,
+    )

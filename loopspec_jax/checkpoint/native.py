@@ -1,5 +1,6 @@
 """The project's own checkpoints: orbax parameters + `loopspec_config.json` (+ tokenizer), and the bundled
 models shipped under `loopspec_jax/assets/models/`."""
+
 from __future__ import annotations
 
 import json

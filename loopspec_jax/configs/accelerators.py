@@ -10,6 +10,7 @@ Figures are per chip, dense (no 2:4 sparsity), as published by the vendors:
   TPU v5p:   459 TFLOP/s bf16, 2765 GB/s HBM2e (cloud.google.com/tpu/docs/v5p).
 Bandwidth in bytes/s (decimal: 1 TB/s = 1e12 B/s), FLOP/s in FLOP/s.
 """
+
 import ml_collections
 
 ACCELERATORS = {

@@ -1,9 +1,10 @@
 """Settings of the batch-size benchmark (`loopspec-batch-bench`, loopspec_jax/experiments/batch_bench.py).
 
-  loopspec-batch-bench
-  loopspec-batch-bench --config.batch_sizes=1,4 --config.max_new_tokens=16      # quick
-  loopspec-batch-bench --config.mesh=v5e_8        # sharded: a configs/mesh module, optionally ':DATAxMODEL'
+loopspec-batch-bench
+loopspec-batch-bench --config.batch_sizes=1,4 --config.max_new_tokens=16      # quick
+loopspec-batch-bench --config.mesh=v5e_8        # sharded: a configs/mesh module, optionally ':DATAxMODEL'
 """
+
 import ml_collections
 from ml_collections import config_dict
 

@@ -1,10 +1,11 @@
 """Settings of the demo (`loopspec-demo`, loopspec_jax/experiments/demo.py).
 
-  loopspec-demo                                   # bundled tiny-raven, LoopSpec at its best known (d1, d2)
-  loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro
-  loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --config.max_new_tokens=32
-  loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
+loopspec-demo                                   # bundled tiny-raven, LoopSpec at its best known (d1, d2)
+loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro
+loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --config.max_new_tokens=32
+loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
 """
+
 import ml_collections
 from ml_collections import config_dict
 

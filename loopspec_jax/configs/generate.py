@@ -5,6 +5,7 @@ Override fields on the command line, e.g.
   loopspec-generate --config.checkpoint=/path/to/Ouro-1.4B --config.prompt="Hello" --config.method=loopspec \
       --config.d1=1 --config.d2=2
 """
+
 import ml_collections
 from ml_collections import config_dict
 

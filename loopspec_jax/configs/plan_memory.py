@@ -5,6 +5,7 @@
       --config.device_memory_gib=16 --config.out_dir=results/plan_memory
 Lists are comma-separated strings; `none` is an absent value (`--config.d2=none`).
 """
+
 import ml_collections
 from ml_collections import config_dict
 

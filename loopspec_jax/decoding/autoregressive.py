@@ -4,6 +4,7 @@ Each iteration processes the last committed token of every request (pre, R core 
 cache buffers, post at depth R), then picks the next token: greedy as a plain argmax (no keys, no
 distributions), sampled through the shared logits processing and a per-(request, position) key.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,6 +25,7 @@ from loopspec_jax.parallel.logical import axes_field
 @flax.struct.dataclass
 class DecodeState:
   """The whole mutable state of a decode loop, as an explicit pytree."""
+
   cache: kvcache.KVCache  # committed prefix, laid out with group=1 (axes declared by KVCache)
   tokens: jax.Array = axes_field("batch", "length")  # [B, T] committed tokens (prompt + generated)
   length: jax.Array = axes_field("batch")  # [B] number of committed tokens
@@ -32,8 +34,9 @@ class DecodeState:
   iterations: jax.Array = axes_field()  # [] loop iterations (each = R batched core-step calls)
 
 
-def full_depth_token_step(params, cache: kvcache.KVCache, tok, pos, noise, layout: kvcache.CacheLayout,
-                          cfg: ModelConfig):
+def full_depth_token_step(
+    params, cache: kvcache.KVCache, tok, pos, noise, layout: kvcache.CacheLayout, cfg: ModelConfig
+):
   """Processes one token per request at position pos [B] through every depth; returns (logits [B,V], cache).
 
   `params` in the decode form (`looped.prepare_params`); `layout` with group=1 and one readout (depth R).
@@ -54,8 +57,9 @@ def full_depth_token_step(params, cache: kvcache.KVCache, tok, pos, noise, layou
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy", "random_init"), donate_argnames=("state",))
-def decode_loop(params, state: DecodeState, sp: common.SamplingParams, *, cfg: ModelConfig, greedy: bool,
-                random_init: bool):
+def decode_loop(
+    params, state: DecodeState, sp: common.SamplingParams, *, cfg: ModelConfig, greedy: bool, random_init: bool
+):
   """Generates until every request is done; the loop never returns to the host."""
   layout = kvcache.CacheLayout.of(cfg, 1)
   params = M.prepare_params(params, cfg)
@@ -69,15 +73,15 @@ def decode_loop(params, state: DecodeState, sp: common.SamplingParams, *, cfg: M
     if greedy:
       y = sampling.greedy_token(logits)
     else:
-      probs = sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k,
-                                      top_p=sp.top_p)
+      probs = sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)
       keys = jax.vmap(lambda r, p: sampling.request_key(sp.base_key, r, p, sampling.PURPOSE_AR))(
-          sp.request_ids, pos + 1)
+          sp.request_ids, pos + 1
+      )
       y = jax.vmap(sampling.sample_token)(keys, probs)
-    tokens, length, n_new, done, _ = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, y[:, None],
-                                                          jnp.ones_like(y), sp)
-    return DecodeState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done,
-                       iterations=st.iterations + 1)
+    tokens, length, n_new, done, _ = common.commit_tokens(
+        st.tokens, st.length, st.n_new, st.done, y[:, None], jnp.ones_like(y), sp
+    )
+    return DecodeState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done, iterations=st.iterations + 1)
 
   return common.loop_until_done(body, state)
 
@@ -91,15 +95,28 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
 def summarize(st: DecodeState, cfg: ModelConfig) -> common.DecodeStats:
   n = int(np.asarray(st.n_new).sum())
   iters = int(np.asarray(st.iterations))
-  return common.DecodeStats(method="ar", batch=int(st.n_new.shape[0]), tokens_generated=n, ticks=iters,
-                            core_step_calls=iters * cfg.recurrence,
-                            commits={"first": 0, "second": 0, "restart": n})
+  return common.DecodeStats(
+      method="ar",
+      batch=int(st.n_new.shape[0]),
+      tokens_generated=n,
+      ticks=iters,
+      core_step_calls=iters * cfg.recurrence,
+      commits={"first": 0, "second": 0, "restart": n},
+  )
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-  return common.Decoder(name="ar", readout_depths=(cfg.recurrence,), cache_group=1, extra_positions=0,
-                        init=initial_state, loop=decode_loop, stats=functools.partial(summarize, cfg=cfg),
-                        init_kw={"cfg": cfg}, loop_kw={"cfg": cfg, "greedy": greedy, "random_init": random_init})
+  return common.Decoder(
+      name="ar",
+      readout_depths=(cfg.recurrence,),
+      cache_group=1,
+      extra_positions=0,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg),
+      init_kw={"cfg": cfg},
+      loop_kw={"cfg": cfg, "greedy": greedy, "random_init": random_init},
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "split"))
@@ -117,7 +134,7 @@ def incremental_readouts(params, tokens, *, cfg: ModelConfig, split: int):
   for p in range(split, t):
     q = jnp.full((b, 1), p, jnp.int32)
     mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p, (b, 1, t))
-    e, k, v = M.pre(params, tokens[:, p:p + 1], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
+    e, k, v = M.pre(params, tokens[:, p : p + 1], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
     cache = kvcache.write_prelude(cache, k, v, q)
     s = M.initial_state(e, cfg)
     per_depth = []

@@ -5,6 +5,7 @@ depth-d1 readout of position j), then all gamma + 1 positions run the remaining 
 pass, are read out at R and verified left to right (standard rule plus a bonus token). Drafts are written
 straight into the committed cache; rejected positions are rolled back by length (masked, later overwritten).
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,15 +45,24 @@ def validate(cfg: ModelConfig, d1, gamma):
     raise ValueError(f"chain needs an integer gamma >= 1, got {gamma!r}")
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init"),
-                   donate_argnames=("state",))
-def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: ModelConfig, d1: int, gamma: int,
-                greedy: bool, random_init: bool):
+@functools.partial(jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init"), donate_argnames=("state",))
+def decode_loop(
+    params,
+    state: ChainState,
+    sp: common.SamplingParams,
+    *,
+    cfg: ModelConfig,
+    d1: int,
+    gamma: int,
+    greedy: bool,
+    random_init: bool,
+):
   r = cfg.recurrence
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
   params = M.prepare_params(params, cfg)
-  process = functools.partial(sampling.process_logits, greedy=False, temperature=sp.temperature,
-                              top_k=sp.top_k, top_p=sp.top_p)
+  process = functools.partial(
+      sampling.process_logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
+  )
   s_len = gamma + 1
 
   def draft_position(cache, tok, q, mask, one):
@@ -89,7 +99,8 @@ def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: Mo
         else:
           probs = process(logits)
           keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_X1))(
-              sp.request_ids, p0 + j + 1)
+              sp.request_ids, p0 + j + 1
+          )
           tok = jax.vmap(sampling.sample_token)(keys, probs)
           qs.append(probs)
         drafts.append(tok)
@@ -111,17 +122,26 @@ def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: Mo
       nxt = target[bi, n_acc]
     else:
       vkeys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_VERIFY))(
-          sp.request_ids, p0 + 1)
+          sp.request_ids, p0 + 1
+      )
       n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
     # Commit n_acc drafts and the next token, within the budget and up to the first eos.
     cand = jnp.concatenate([drafts_arr, jnp.zeros((b, 1), jnp.int32)], axis=1)
     cand = cand.at[bi, n_acc].set(nxt)
     live = ~st.done
-    tokens, length, n_new, done, n_commit = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, cand,
-                                                                 n_acc + 1, sp)
-    return ChainState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done,
-                      rounds=st.rounds + live, accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
-                      iterations=st.iterations + 1)
+    tokens, length, n_new, done, n_commit = common.commit_tokens(
+        st.tokens, st.length, st.n_new, st.done, cand, n_acc + 1, sp
+    )
+    return ChainState(
+        cache=cache,
+        tokens=tokens,
+        length=length,
+        n_new=n_new,
+        done=done,
+        rounds=st.rounds + live,
+        accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+        iterations=st.iterations + 1,
+    )
 
   return common.loop_until_done(round_, state)
 
@@ -130,8 +150,9 @@ def decode_loop(params, state: ChainState, sp: common.SamplingParams, *, cfg: Mo
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
   del sp, cfg
   zb = jnp.zeros((tokens.shape[0],), jnp.int32)
-  return ChainState(cache=cache, **common.fresh_counters(tokens, lengths), rounds=zb, accepted=zb,
-                    iterations=jnp.int32(0))
+  return ChainState(
+      cache=cache, **common.fresh_counters(tokens, lengths), rounds=zb, accepted=zb, iterations=jnp.int32(0)
+  )
 
 
 def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.DecodeStats:
@@ -142,20 +163,36 @@ def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.D
   iters = int(np.asarray(st.iterations))
   seq_steps = theory.chain_round_steps(r, d1, gamma)
   return common.DecodeStats(
-      method="chain", batch=int(st.n_new.shape[0]), tokens_generated=n, ticks=iters,
-      core_step_calls=iters * seq_steps, mean_accepted_length=theory.chain_accepted_length(r, d1, gamma, n, rounds),
+      method="chain",
+      batch=int(st.n_new.shape[0]),
+      tokens_generated=n,
+      ticks=iters,
+      core_step_calls=iters * seq_steps,
+      mean_accepted_length=theory.chain_accepted_length(r, d1, gamma, n, rounds),
       tokens_per_r_steps=n * r / max(rounds * seq_steps, 1),
       commits={"first": accepted, "second": 0, "restart": n - accepted},
-      extras={"d1": d1, "gamma": gamma, "rounds": rounds, "tokens_per_round": n / max(rounds, 1),
-              "acceptance_rate": accepted / max(rounds * gamma, 1),
-              "per_request": {"rounds": np.asarray(st.rounds).tolist(),
-                              "accepted": np.asarray(st.accepted).tolist()}})
+      extras={
+          "d1": d1,
+          "gamma": gamma,
+          "rounds": rounds,
+          "tokens_per_round": n / max(rounds, 1),
+          "acceptance_rate": accepted / max(rounds * gamma, 1),
+          "per_request": {"rounds": np.asarray(st.rounds).tolist(), "accepted": np.asarray(st.accepted).tolist()},
+      },
+  )
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma) -> common.Decoder:
   validate(cfg, d1, gamma)
   d1, gamma = int(d1), int(gamma)
   return common.Decoder(
-      name="chain", readout_depths=(d1, cfg.recurrence), cache_group=1, extra_positions=gamma + 1, init=initial_state,
-      loop=decode_loop, stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma), init_kw={"cfg": cfg},
-      loop_kw={"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init})
+      name="chain",
+      readout_depths=(d1, cfg.recurrence),
+      cache_group=1,
+      extra_positions=gamma + 1,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma),
+      init_kw={"cfg": cfg},
+      loop_kw={"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init},
+  )

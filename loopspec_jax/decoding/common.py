@@ -6,6 +6,7 @@ from the prefilled cache, run the jitted `lax.while_loop`, turn the final state 
 `run_decoder` is the ONE host driver: prefill, timing, `block_until_ready`, token collection and the stats
 common to every method. Nothing here knows which decoder it drives.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +33,7 @@ from loopspec_jax.parallel.logical import axes_field
 @flax.struct.dataclass
 class SamplingParams:
   """Traced sampling settings shared by every decoder (greedy is a static flag, not in here)."""
+
   temperature: jax.Array = axes_field()  # []
   top_k: jax.Array = axes_field()  # []
   top_p: jax.Array = axes_field()  # []
@@ -44,17 +46,23 @@ class SamplingParams:
 def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None):
   rid = np.arange(n) if request_ids is None else np.asarray(request_ids)
   return SamplingParams(
-      temperature=jnp.float32(temperature), top_k=jnp.int32(top_k), top_p=jnp.float32(top_p),
-      base_key=jax.random.PRNGKey(seed), request_ids=jnp.asarray(rid, jnp.int32),
+      temperature=jnp.float32(temperature),
+      top_k=jnp.int32(top_k),
+      top_p=jnp.float32(top_p),
+      base_key=jax.random.PRNGKey(seed),
+      request_ids=jnp.asarray(rid, jnp.int32),
       eos_id=jnp.int32(-1 if eos_id is None else eos_id),
-      max_new=jnp.full((n,), max_new_tokens, jnp.int32))
+      max_new=jnp.full((n,), max_new_tokens, jnp.int32),
+  )
 
 
 def state_noise(sp: SamplingParams, positions, cfg: ModelConfig):
   """Per-(request, position) random initial states [B, S, E] (Raven 'like-init')."""
+
   def one(rid, p):
     key = sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_INIT)
     return M.random_state_noise(key, (cfg.hidden_size,), cfg)
+
   return jax.vmap(lambda rid, ps: jax.vmap(lambda p: one(rid, p))(ps))(sp.request_ids, positions)
 
 
@@ -65,8 +73,18 @@ def prompt_noise(sp: SamplingParams, b: int, t: int, cfg: ModelConfig, random_in
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "readout_depths", "total_len", "random_init", "cache_group"))
-def prefill_state(params, prompt, lengths, sp: SamplingParams, *, cfg: ModelConfig, readout_depths: tuple,
-                  total_len: int, random_init: bool, cache_group: int = 1):
+def prefill_state(
+    params,
+    prompt,
+    lengths,
+    sp: SamplingParams,
+    *,
+    cfg: ModelConfig,
+    readout_depths: tuple,
+    total_len: int,
+    random_init: bool,
+    cache_group: int = 1,
+):
   """Allocates the cache for total_len positions and prefills the prompt [B, Tp] at every depth.
 
   `cache_group`: recurrent steps per cache block (see models/kvcache.py): 1 for AR and chain, d1 for LoopSpec.
@@ -125,8 +143,10 @@ def validate_prompts(prompts, cfg: ModelConfig, max_new_tokens: int) -> list:
       if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
         raise ValueError(f"prompt {i} has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})")
     if len(p) + max_new_tokens > cfg.max_len:
-      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
-                       f"context of {cfg.max_len} positions")
+      raise ValueError(
+          f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
+          f"context of {cfg.max_len} positions"
+      )
     out.append([int(t) for t in p])
   return out
 
@@ -158,7 +178,7 @@ def buckets(lengths, max_new_tokens: int, cfg: ModelConfig):
 def batch_prompts(prompts: list, tp: int):
   arr = np.zeros((len(prompts), tp), np.int32)
   for i, p in enumerate(prompts):
-    arr[i, :len(p)] = p
+    arr[i, : len(p)] = p
   return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
@@ -180,6 +200,7 @@ class DecodeStats:
   for chain. commits: where each committed token's next lane came from (first / second proposal, or a
   restart at depth 0; AR commits are all restarts, chain's accepted drafts are 'first').
   """
+
   method: str
   batch: int
   tokens_generated: int
@@ -205,7 +226,7 @@ class DecodeStats:
 def collect_tokens(tokens, lengths0, n_new) -> list:
   tokens = np.asarray(tokens)
   n_new = np.asarray(n_new)
-  return [tokens[i, int(lengths0[i]):int(lengths0[i]) + int(n_new[i])].tolist() for i in range(tokens.shape[0])]
+  return [tokens[i, int(lengths0[i]) : int(lengths0[i]) + int(n_new[i])].tolist() for i in range(tokens.shape[0])]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -219,6 +240,7 @@ class Decoder:
   stats(state) -> DecodeStats (timings are filled in by `run_decoder`). Both init and loop may be
   entries of `sharding.ENTRY_POINTS` taking their static arguments as keywords (`init_kw`, `loop_kw`).
   """
+
   name: str
   readout_depths: tuple
   cache_group: int  # recurrent steps per cache block (models/kvcache.py)
@@ -230,13 +252,31 @@ class Decoder:
   loop_kw: dict = dataclasses.field(default_factory=dict)
 
 
-def run_decoder(decoder: Decoder, params, prompt_arr, len_arr, sp: SamplingParams, *, cfg: ModelConfig,
-                total: int, random_init: bool, mesh=None) -> GenerateResult:
+def run_decoder(
+    decoder: Decoder,
+    params,
+    prompt_arr,
+    len_arr,
+    sp: SamplingParams,
+    *,
+    cfg: ModelConfig,
+    total: int,
+    random_init: bool,
+    mesh=None,
+) -> GenerateResult:
   """Prefill, build the loop state, run the loop, time both phases and collect tokens and stats."""
   t0 = time.perf_counter()
   cache, tokens = sharding.entry(prefill_state, mesh)(
-      params, prompt_arr, len_arr, sp, cfg=cfg, readout_depths=decoder.readout_depths,
-      total_len=total + decoder.extra_positions, random_init=random_init, cache_group=decoder.cache_group)
+      params,
+      prompt_arr,
+      len_arr,
+      sp,
+      cfg=cfg,
+      readout_depths=decoder.readout_depths,
+      total_len=total + decoder.extra_positions,
+      random_init=random_init,
+      cache_group=decoder.cache_group,
+  )
   jax.block_until_ready(cache)
   t1 = time.perf_counter()
   state = sharding.entry(decoder.init, mesh)(cache, tokens, len_arr, sp, **decoder.init_kw)
@@ -257,4 +297,3 @@ def method_kwargs_error(method: str, allowed: Sequence[str], given: dict) -> Opt
   if not extra:
     return None
   return f"method={method!r} takes no {'/'.join(extra)}"
-

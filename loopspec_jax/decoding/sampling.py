@@ -7,6 +7,7 @@ one-hot distributions and every verification kernel reduces to argmax matching o
 Randomness is keyed by (seed, request, position, purpose) only (`request_key`): a request's tokens do not
 depend on which other requests share its batch, on its slot, or on how many ticks a decoder needed.
 """
+
 from __future__ import annotations
 
 import jax
@@ -46,7 +47,8 @@ def _scatter_last(values, index, v: int):
   """zeros [..., V] with values [..., C] placed at index [..., C] (per leading row)."""
   lead = values.shape[:-1]
   flat = jax.vmap(lambda val, idx: jnp.zeros((v,), values.dtype).at[idx].set(val))(
-      values.reshape((-1, values.shape[-1])), index.reshape((-1, index.shape[-1])))
+      values.reshape((-1, values.shape[-1])), index.reshape((-1, index.shape[-1]))
+  )
   return flat.reshape(lead + (v,))
 
 
@@ -147,8 +149,9 @@ def cumsum_last(p, block: int = 32):
   tri = jnp.triu(jnp.ones((block, block), p.dtype))
   within = jnp.einsum("...nb,bc->...nc", blocks, tri, precision=jax.lax.Precision.HIGHEST)
   nb = v // block
-  offsets = jnp.einsum("...n,nm->...m", within[..., -1], jnp.triu(jnp.ones((nb, nb), p.dtype), 1),
-                       precision=jax.lax.Precision.HIGHEST)
+  offsets = jnp.einsum(
+      "...n,nm->...m", within[..., -1], jnp.triu(jnp.ones((nb, nb), p.dtype), 1), precision=jax.lax.Precision.HIGHEST
+  )
   return (within + offsets[..., None]).reshape(p.shape)
 
 

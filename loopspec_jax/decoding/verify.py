@@ -5,6 +5,7 @@ from `sampling.process_logits`, so greedy decoding passes one-hot vectors and ev
 argmax matching with no special case. The building blocks (`acceptance_prob`, `residual`) are public so
 tests can compose the exact output distribution of each rule.
 """
+
 from __future__ import annotations
 
 import jax

@@ -14,6 +14,7 @@ largest B where it still pays, and batches of more than K requests decode with A
 
 Settings: loopspec_jax/configs/batch_bench.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,14 +33,23 @@ from loopspec_jax.parallel import distributed
 from loopspec_jax.parallel import sharding
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("batch_bench.py"), "Batch benchmark settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("batch_bench.py"), "Batch benchmark settings.", flag_values=FLAGS
+)
 
 
 def run_one(model, prompts, name, kw, cfg, mesh):
   """One batched `generate` call of a method."""
-  res = loopspec_jax.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, method=name,
-                              temperature=cfg.temperature, seed=cfg.seed, mesh=mesh, **kw)
+  res = loopspec_jax.generate(
+      model,
+      prompts,
+      max_new_tokens=cfg.max_new_tokens,
+      method=name,
+      temperature=cfg.temperature,
+      seed=cfg.seed,
+      mesh=mesh,
+      **kw,
+  )
   return res
 
 
@@ -59,9 +69,13 @@ def benchmark(model, cfg, mesh=None, progress=print) -> list:
       compile_s = time.perf_counter() - t0
       stats = [run_one(model, prompts, name, kw, cfg, mesh).stats for _ in range(cfg.repeats)]
       tps = statistics.median(s["tokens_per_second"] for s in stats)
-      row[label] = {"tokens_per_second": tps, "tokens": stats[0]["tokens_generated"],
-                    "decode_seconds": statistics.median(s["decode_seconds"] for s in stats),
-                    "first_call_seconds": compile_s, "ticks": stats[0].get("ticks")}
+      row[label] = {
+          "tokens_per_second": tps,
+          "tokens": stats[0]["tokens_generated"],
+          "decode_seconds": statistics.median(s["decode_seconds"] for s in stats),
+          "first_call_seconds": compile_s,
+          "ticks": stats[0].get("ticks"),
+      }
       progress(f"B={b:>3} {label:<18} {tps:9.1f} tok/s   (first call {compile_s:.1f} s)")
     ref = labels[0]
     for label in labels[1:]:
@@ -81,8 +95,13 @@ def stops_paying(rows: list, ref: str, label: str):
 
 def markdown(rows: list, labels: list) -> str:
   ref = labels[0]
-  head = "| B | " + " | ".join(f"{l} tok/s" for l in labels) + " | " + " | ".join(
-      f"{l} / {ref}" for l in labels[1:]) + " | identical |"
+  head = (
+      "| B | "
+      + " | ".join(f"{l} tok/s" for l in labels)
+      + " | "
+      + " | ".join(f"{l} / {ref}" for l in labels[1:])
+      + " | identical |"
+  )
   lines = [head, "|" + "---|" * (len(labels) * 2 + 1)]
   for row in rows:
     cells = [f"{row[l]['tokens_per_second']:.1f}" for l in labels]
@@ -92,8 +111,9 @@ def markdown(rows: list, labels: list) -> str:
   notes = []
   for l in labels[1:]:
     b = stops_paying(rows, ref, l)
-    notes.append(f"{l} stops paying at B = {b}" if b is not None else
-                 f"{l} pays at every measured B (<= {rows[-1]['batch']})")
+    notes.append(
+        f"{l} stops paying at B = {b}" if b is not None else f"{l} pays at every measured B (<= {rows[-1]['batch']})"
+    )
   return "\n".join(lines) + "\n\n" + "; ".join(notes) + "."
 
 
@@ -110,11 +130,15 @@ def main(argv):
   t0 = time.perf_counter()
   rows = benchmark(model, cfg, mesh, progress=lambda s: print(s, flush=True))
   labels = [common.method_label(*common.parse_method(m)) for m in cfg.methods]
-  machine = (f"{os.cpu_count()} CPU cores, {jax.device_count()} x {jax.devices()[0].platform}, jax {jax.__version__}, "
-             f"mesh {tuple(mesh.mesh.shape.values()) if mesh is not None else 'none'}")
-  text = (f"Model {cfg.model} (contraction {cfg.contraction}), prompt {cfg.prompt_len}, "
-          f"{cfg.max_new_tokens} new tokens, temperature {cfg.temperature}; {machine}; "
-          f"total {time.perf_counter() - t0:.0f} s\n\n" + markdown(rows, labels))
+  machine = (
+      f"{os.cpu_count()} CPU cores, {jax.device_count()} x {jax.devices()[0].platform}, jax {jax.__version__}, "
+      f"mesh {tuple(mesh.mesh.shape.values()) if mesh is not None else 'none'}"
+  )
+  text = (
+      f"Model {cfg.model} (contraction {cfg.contraction}), prompt {cfg.prompt_len}, "
+      f"{cfg.max_new_tokens} new tokens, temperature {cfg.temperature}; {machine}; "
+      f"total {time.perf_counter() - t0:.0f} s\n\n" + markdown(rows, labels)
+  )
   print(text)
   if common.is_main_process():
     common.atomic_write_text(os.path.join(cfg.out_dir, "batch_bench.md"), text + "\n")

@@ -11,6 +11,7 @@ commit sources and gate-open rate.
   loopspec-bench --config=bench/bundled.py:quick          # a config of loopspec_jax/configs/, a preset
   python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
 """
+
 from __future__ import annotations
 
 import os
@@ -31,23 +32,34 @@ from loopspec_jax.experiments import demo
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("bench/default.py"), "Benchmark settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("bench/default.py"), "Benchmark settings.", flag_values=FLAGS
+)
 
 
 def run_method(model, prompts, name, kw, sampling, max_new_tokens, seed):
   """Decodes every prompt alone (request id = its index); per-prompt stats dicts and token lists."""
   stats, outputs = [], []
   for i, p in enumerate(prompts):
-    res = loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed,
-                                request_ids=[i], **sampling, **kw)
+    res = loopspec_jax.generate(
+        model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed, request_ids=[i], **sampling, **kw
+    )
     stats.append(res.stats)
     outputs.append(res.tokens[0])
   return stats, outputs
 
 
-def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: int, repeats: int, seed: int = 0,
-              progress: bool = True) -> dict:
+def benchmark(
+    model,
+    prompts,
+    methods: list,
+    sampling: dict,
+    *,
+    max_new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
   """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
   r = model.config.recurrence
   parsed = [common.parse_method(m) for m in methods]
@@ -65,7 +77,7 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
     bar.update(1)
   for rep in range(repeats):
     order = list(range(len(parsed)))
-    order = order[rep % len(order):] + order[:rep % len(order)]
+    order = order[rep % len(order) :] + order[: rep % len(order)]
     for i in order:
       (name, kw), label = parsed[i], labels[i]
       st, _ = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
@@ -86,8 +98,9 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
     res["wall_clock_ratio_median"] = statistics.median(ratios)
     res["identical_to_ar"] = outputs[label] == outputs["ar"]
     # Per prompt: the median over repeats of AR's decode time over this method's (same repeat).
-    res["prompt_ratios"] = [statistics.median(a / b for a, b in zip(per_prompt["ar"][j], per_prompt[label][j]))
-                            for j in range(len(prompts))]
+    res["prompt_ratios"] = [
+        statistics.median(a / b for a, b in zip(per_prompt["ar"][j], per_prompt[label][j])) for j in range(len(prompts))
+    ]
     res["prompt_ratio_median"] = statistics.median(res["prompt_ratios"])
     res["prompt_ratio_min"] = min(res["prompt_ratios"])
     results[label] = res
@@ -96,8 +109,10 @@ def benchmark(model, prompts, methods: list, sampling: dict, *, max_new_tokens: 
 
 def markdown_table(rows: list) -> str:
   """One line per (model, task, sampling, method); ms/tick is the median decode time per loop iteration."""
-  head = ("| model | task | sampling | method | mean acc. len | tok/s (decode) | ratio vs AR | per-prompt median / min "
-          "| tokens/tick | ms/tick | core steps/tok | commits f/s/r | gate open | identical |")
+  head = (
+      "| model | task | sampling | method | mean acc. len | tok/s (decode) | ratio vs AR | per-prompt median / min "
+      "| tokens/tick | ms/tick | core steps/tok | commits f/s/r | gate open | identical |"
+  )
   lines = [head, "|" + "---|" * 14]
   for row in rows:
     c = row["commits"]
@@ -107,7 +122,8 @@ def markdown_table(rows: list) -> str:
         f"{row['tokens_per_second_median']:.1f} | {row['wall_clock_ratio_median']:.2f}x | "
         f"{row['prompt_ratio_median']:.2f}x / {row['prompt_ratio_min']:.2f}x | {row['tokens_per_tick']:.2f} | {ms_tick:.2f} | "
         f"{row['core_step_calls_per_token']:.2f} | {c['first']}/{c['second']}/{c['restart']} | "
-        f"{row['gate_open_rate']:.2f} | {'yes' if row['identical_to_ar'] else ('-' if row['sampling'] != 'greedy' else 'NO')} |")
+        f"{row['gate_open_rate']:.2f} | {'yes' if row['identical_to_ar'] else ('-' if row['sampling'] != 'greedy' else 'NO')} |"
+    )
   return "\n".join(lines)
 
 
@@ -129,8 +145,9 @@ def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> l
   for i, t in enumerate(texts):
     ids = model.encode(t)
     if len(ids) > keep:
-      logging.warning("%s prompt %d: %d tokens, keeping the last %d (context %d)", task, i, len(ids), keep,
-                      model.config.max_len)
+      logging.warning(
+          "%s prompt %d: %d tokens, keeping the last %d (context %d)", task, i, len(ids), keep, model.config.max_len
+      )
     out.append(ids[-keep:])
   return out
 
@@ -140,17 +157,21 @@ def main(argv):
   cfg = _CONFIG.value
   rows = []
   for model_spec in common.split_list(cfg.models):
-    model = common.resolve_model(model_spec, contraction=cfg.get("contraction"), seed=cfg.seed,
-                                 dtype=cfg.get("dtype") or "float32")
+    model = common.resolve_model(
+        model_spec, contraction=cfg.get("contraction"), seed=cfg.seed, dtype=cfg.get("dtype") or "float32"
+    )
     name = cfg.get("model_label") or model_spec
     for task in common.split_list(cfg.tasks):
       prompts = load_prompt_set(task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)
       for samp_name in common.split_list(cfg.samplings):
         sampling = dict(cfg.sampling_settings[samp_name])
-        methods = list(cfg.methods_by_model.get(name, cfg.methods)) if cfg.get("methods_by_model") else list(cfg.methods)
+        methods = (
+            list(cfg.methods_by_model.get(name, cfg.methods)) if cfg.get("methods_by_model") else list(cfg.methods)
+        )
         print(f"model {name}, task {task}, {samp_name}: {len(prompts)} prompts, methods {methods}", flush=True)
-        res = benchmark(model, prompts, methods, sampling, max_new_tokens=cfg.max_new_tokens,
-                        repeats=cfg.repeats, seed=cfg.seed)
+        res = benchmark(
+            model, prompts, methods, sampling, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed
+        )
         for label, r in res.items():
           rows.append({"model": name, "task": task, "sampling": samp_name, "method": label, **r})
   table = markdown_table(rows)
@@ -159,8 +180,7 @@ def main(argv):
     os.makedirs(cfg.out_dir, exist_ok=True)
     meta = {"machine": machine_description(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}
     common.atomic_write_json(os.path.join(cfg.out_dir, "bench.json"), {"meta": meta, "rows": rows})
-    common.atomic_write_text(os.path.join(cfg.out_dir, "bench.md"),
-                             f"Machine: {meta['machine']}\n\n{table}\n")
+    common.atomic_write_text(os.path.join(cfg.out_dir, "bench.md"), f"Machine: {meta['machine']}\n\n{table}\n")
     print(f"wrote {cfg.out_dir}/bench.json and bench.md")
 
 

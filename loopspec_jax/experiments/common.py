@@ -12,6 +12,7 @@ Conventions of all experiments (the `loopspec-*` console scripts and `python -m 
 Each experiment module keeps its flags in its own `flags.FlagValues` (`FLAGS`), so tests and notebooks can import
 several experiments into one process without their `--config` flags colliding.
 """
+
 from __future__ import annotations
 
 import ast
@@ -57,7 +58,7 @@ def resolve_config_arg(value: str) -> str:
     return value
   for prefix in ("loopspec_jax/configs/", "configs/"):
     if path.startswith(prefix):
-      path = path[len(prefix):]
+      path = path[len(prefix) :]
   candidate = config_path(path)
   return candidate + sep + variant if os.path.exists(candidate) else value
 
@@ -77,7 +78,7 @@ def config_argv(argv: Sequence[str], own: flags.FlagValues) -> List[str]:
   given = False
   for arg in argv[1:]:
     if arg.startswith("--config="):
-      arg = "--config=" + resolve_config_arg(arg[len("--config="):])
+      arg = "--config=" + resolve_config_arg(arg[len("--config=") :])
       given = True
     out.append(arg)
   if not given and "config" in own:
@@ -171,7 +172,7 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
   """'random:<family>:<variant>' (e.g. 'random:huginn:bench_r32') builds random weights, contractive when
   `contraction` is given; anything else is a bundled model name or a checkpoint directory (HF or our own)."""
   if spec.startswith("random:"):
-    cfg = model_configs.model_config(spec[len("random:"):], dtype=dtype)
+    cfg = model_configs.model_config(spec[len("random:") :], dtype=dtype)
     return api.from_config(cfg, seed=seed, contraction=contraction)
   return loopspec_jax.load(spec, dtype=dtype)
 
@@ -225,21 +226,34 @@ def aggregate(stats: List[dict], r: int) -> dict:
     gamma = theory.chain_accepted_length(r, stats[0]["d1"], stats[0]["gamma"], n, tot("rounds"))
   else:
     gamma = 1.0 if method == "ar" else 0.0
-  out = {"tokens": n, "decode_seconds": tot("decode_seconds"),
-         "prefill_seconds": tot("prefill_seconds"), "ticks": tot("ticks"), "core_step_calls": tot("core_step_calls"),
-         "commits": c, "mean_accepted_length": gamma,
-         "gate_open_rate": sum(s.get("gate_open_rate", 0.0) * s.get("gate_evals", 0) for s in stats) / evals
-         if evals else 0.0,
-         "skipped_spawns": tot("skipped_spawns")}
+  out = {
+      "tokens": n,
+      "decode_seconds": tot("decode_seconds"),
+      "prefill_seconds": tot("prefill_seconds"),
+      "ticks": tot("ticks"),
+      "core_step_calls": tot("core_step_calls"),
+      "commits": c,
+      "mean_accepted_length": gamma,
+      "gate_open_rate": sum(s.get("gate_open_rate", 0.0) * s.get("gate_evals", 0) for s in stats) / evals
+      if evals
+      else 0.0,
+      "skipped_spawns": tot("skipped_spawns"),
+  }
   out["core_step_calls_per_token"] = out["core_step_calls"] / max(n, 1)
   out["tokens_per_second"] = n / max(out["decode_seconds"], 1e-9)
   out["tokens_per_tick"] = n / max(out["ticks"], 1)
   if method == "loopspec":
-    out.update(reject_first=tot("reject_first"), request_ticks=tot("request_ticks"),
-               max_live_lanes=max(s.get("max_live_lanes", 0) for s in stats))
+    out.update(
+        reject_first=tot("reject_first"),
+        request_ticks=tot("request_ticks"),
+        max_live_lanes=max(s.get("max_live_lanes", 0) for s in stats),
+    )
   if method == "chain":
-    out.update(rounds=tot("rounds"), tokens_per_round=n / max(tot("rounds"), 1),
-               acceptance_rate=c["first"] / max(tot("rounds") * stats[0]["gamma"], 1))
+    out.update(
+        rounds=tot("rounds"),
+        tokens_per_round=n / max(tot("rounds"), 1),
+        acceptance_rate=c["first"] / max(tot("rounds") * stats[0]["gamma"], 1),
+    )
   return out
 
 
@@ -249,8 +263,10 @@ def time_line(label: str, agg: dict, ar: Optional[dict] = None) -> str:
   `agg` and `ar` hold ticks, tokens and decode_seconds (as `aggregate` returns them).
   """
   ticks = max(agg["ticks"], 1)
-  text = (f"{label}: {agg['ticks']} ticks, {agg['tokens'] / ticks:.2f} tokens/tick, "
-          f"{1e3 * agg['decode_seconds'] / ticks:.2f} ms/tick")
+  text = (
+      f"{label}: {agg['ticks']} ticks, {agg['tokens'] / ticks:.2f} tokens/tick, "
+      f"{1e3 * agg['decode_seconds'] / ticks:.2f} ms/tick"
+  )
   if ar is not None:
     text += f" (AR: {1e3 * ar['decode_seconds'] / max(ar['tokens'], 1):.2f} ms/token)"
   return text

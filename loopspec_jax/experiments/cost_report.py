@@ -8,6 +8,7 @@ rows as JSON.
   python -m loopspec_jax.experiments.cost_report
   python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ from loopspec_jax.configs.models import model_config
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("cost/default.py"), "Cost report settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("cost/default.py"), "Cost report settings.", flag_values=FLAGS
+)
 
 GB = 1e9
 
@@ -35,7 +37,7 @@ GB = 1e9
 def resolve_model(spec: str, dtype: str, context: int) -> ModelConfig:
   """A configs.models spec ("huginn:0125") or "bundled:<name>" (its config only), at dtype and context."""
   if spec.startswith("bundled:"):
-    path = os.path.join(native.bundled_path(spec[len("bundled:"):]), native.OWN_CONFIG)
+    path = os.path.join(native.bundled_path(spec[len("bundled:") :]), native.OWN_CONFIG)
     with open(path) as f:
       cfg = ModelConfig.from_dict(json.load(f))
   else:
@@ -57,9 +59,16 @@ def measure(cfg: ModelConfig, name: str, kw: dict, c) -> dict:
   compiled = cost.compile_decode_loop(cfg, name, batch=c.batch, greedy=c.greedy, **method_kwargs(name, kw))
   t0 = time.perf_counter()
   step = cost.loop_cost(compiled, branch=c.branch)
-  row = {"method": common.method_label(name, kw), "name": name, "kw": kw, "compile_seconds": compiled.compile_seconds,
-         "analyze_seconds": time.perf_counter() - t0, "cache_positions": compiled.total_len, **step.as_dict(),
-         "top_items": [list(x) for x in step.top_items(12)]}
+  row = {
+      "method": common.method_label(name, kw),
+      "name": name,
+      "kw": kw,
+      "compile_seconds": compiled.compile_seconds,
+      "analyze_seconds": time.perf_counter() - t0,
+      "cache_positions": compiled.total_len,
+      **step.as_dict(),
+      "top_items": [list(x) for x in step.top_items(12)],
+  }
   if name == "loopspec":
     lanes = cost.live_lanes(cfg.recurrence, kw["d1"])
     lane_bytes = cost.lane_kv_bytes(cfg, kw["d1"], compiled.total_len, c.batch)
@@ -79,12 +88,18 @@ def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
       if not rows:
         raise
       logging.error("%s %s failed to compile or analyse: %r", label, spec, e)
-      rows.append({"model": label, "context": context, "method": common.method_label(name, kw), "name": name,
-                   "error": repr(e)})
+      rows.append(
+          {"model": label, "context": context, "method": common.method_label(name, kw), "name": name, "error": repr(e)}
+      )
       continue
     per_iter = cost.tokens_per_iteration(name, cfg, settings.gamma, kw)
-    row.update(model=label, context=context, gamma=settings.gamma, tokens_per_iteration=per_iter,
-               tokens_per_second=cost.project(step, per_iter, accels, c.op_overhead_s, c.batch))
+    row.update(
+        model=label,
+        context=context,
+        gamma=settings.gamma,
+        tokens_per_iteration=per_iter,
+        tokens_per_second=cost.project(step, per_iter, accels, c.op_overhead_s, c.batch),
+    )
     rows.append(row)
   ref = rows[0]["tokens_per_second"]
   for row in rows:
@@ -119,7 +134,8 @@ def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
           f"{r['model']} ctx {r['context']} {r['method']}: {r['loop_carried_copies']:.0f} loop-carried copies, "
           f"{r['cache_sized_copies']:.0f} cache-sized copies per tick; KV traffic / (live lanes {r['live_lanes']} x "
           f"{_num(r['lane_kv_bytes'] / GB)} GB per lane) = {r['kv_ratio']:.2f}; "
-          f"tokens/tick {r['tokens_per_iteration']:.3f} at gamma {r['gamma']}")
+          f"tokens/tick {r['tokens_per_iteration']:.3f} at gamma {r['gamma']}"
+      )
   return "\n".join(lines + [""] + checks)
 
 
@@ -131,17 +147,18 @@ def main(argv):
   rows = []
   for label in [m.strip() for m in c.models.split(",") if m.strip()]:
     settings = c.model_settings[label]
-    for context in (list(settings.contexts) or list(c.contexts)):
+    for context in list(settings.contexts) or list(c.contexts):
       rows += model_rows(label, settings, context, c, accels)
       print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {context} done", flush=True)
   seconds = time.perf_counter() - t0
-  header = (f"dtype {c.dtype}, batch {c.batch}, {'greedy' if c.greedy else 'sampled'}; traffic from the optimised "
-            f"HLO (CPU-compiled, storage dtype); roofline max(flops/peak, bytes/BW) + {c.op_overhead_s:g} s/op; "
-            f"conditionals: {c.branch} branch")
+  header = (
+      f"dtype {c.dtype}, batch {c.batch}, {'greedy' if c.greedy else 'sampled'}; traffic from the optimised "
+      f"HLO (CPU-compiled, storage dtype); roofline max(flops/peak, bytes/BW) + {c.op_overhead_s:g} s/op; "
+      f"conditionals: {c.branch} branch"
+  )
   print(header + "\n\n" + format_table(rows, accels, c.ratio_accelerator) + f"\n\nreport took {seconds:.0f} s")
   if c.out:
-    common.atomic_write_json(c.out, {"config": c.to_dict(), "accelerators": accels, "seconds": seconds,
-                                     "rows": rows})
+    common.atomic_write_json(c.out, {"config": c.to_dict(), "accelerators": accels, "seconds": seconds, "rows": rows})
     print(f"wrote {c.out}")
 
 

@@ -8,6 +8,7 @@ Settings: loopspec_jax/configs/demo.py. Prints the text of each method, decode t
 compiled), the wall-clock ratio, the mean accepted length, where the time goes (ticks, tokens per tick, ms per
 tick beside AR's ms per token) and whether greedy LoopSpec reproduced the autoregressive tokens exactly.
 """
+
 from __future__ import annotations
 
 from absl import flags
@@ -17,13 +18,12 @@ import loopspec_jax
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"), "Demo settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"), "Demo settings.", flag_values=FLAGS)
 
 PROMPTS = [
     "ROMEO:\nWhat light is this that breaks upon mine eyes?\n\nJULIET:\n",
     "Question: Natalia sold 48 clips in April and half as many in May. How many clips did she sell?\nAnswer:",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "KING HENRY:\nOnce more unto the",
 ]
 BEST = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
@@ -66,13 +66,15 @@ def decode_prompts(model, prompts, *, max_new_tokens: int, seed: int, **kw) -> t
 
 def report(model, d1: int, ar: dict, ls: dict) -> str:
   """The lines comparing the two methods: tokens/s, gamma, where the time goes, wall-clock ratio."""
-  return "\n".join([
-      f"autoregressive: {ar['tokens_per_second']:8.1f} tokens/s",
-      f"loopspec:       {ls['tokens_per_second']:8.1f} tokens/s   mean accepted length "
-      f"{ls['mean_accepted_length']:.2f} of {model.recurrence // d1}",
-      "time: " + common.time_line("loopspec", ls, ar),
-      f"wall-clock ratio (decode after prefill): {ar['decode_seconds'] / max(ls['decode_seconds'], 1e-12):.2f}x",
-  ])
+  return "\n".join(
+      [
+          f"autoregressive: {ar['tokens_per_second']:8.1f} tokens/s",
+          f"loopspec:       {ls['tokens_per_second']:8.1f} tokens/s   mean accepted length "
+          f"{ls['mean_accepted_length']:.2f} of {model.recurrence // d1}",
+          "time: " + common.time_line("loopspec", ls, ar),
+          f"wall-clock ratio (decode after prefill): {ar['decode_seconds'] / max(ls['decode_seconds'], 1e-12):.2f}x",
+      ]
+  )
 
 
 def main(argv):
@@ -88,8 +90,9 @@ def main(argv):
     results = {}
     for label, kw in (("autoregressive", dict(method="ar")), ("loopspec", dict(method="loopspec", d1=d1, d2=d2))):
       print(f"[{label}] compiling and decoding {len(prompts)} prompts ...", flush=True)
-      results[label] = decode_prompts(model, prompts, max_new_tokens=config.max_new_tokens, seed=config.seed,
-                                      **sampling, **kw)
+      results[label] = decode_prompts(
+          model, prompts, max_new_tokens=config.max_new_tokens, seed=config.seed, **sampling, **kw
+      )
     (ar_out, ar), (ls_out, ls) = results["autoregressive"], results["loopspec"]
     for i, p in enumerate(PROMPTS if model.tokenizer is not None else prompts):
       text = model.decode(ls_out[i]) if model.tokenizer is not None else ls_out[i]

@@ -5,6 +5,7 @@ prompt (text through the checkpoint's tokenizer when it has one, else the comma-
 decodes with the chosen method and prints the continuation (text or ids) and the decoding speed. Settings:
 loopspec_jax/configs/generate.py.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -17,8 +18,9 @@ import loopspec_jax
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("generate.py"), "Generation settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("generate.py"), "Generation settings.", flag_values=FLAGS
+)
 
 
 def parse_ids(text: str) -> list:
@@ -51,9 +53,18 @@ def generate_from_config(config, model: Optional[loopspec_jax.LoopedModel] = Non
   if kind == "ids" and config.prompt:
     print("note: the checkpoint has no tokenizer; using prompt_ids instead of the prompt text")
   extra = {k: config[k] for k in ("d1", "d2", "gamma") if config[k] is not None}
-  res = loopspec_jax.generate(model, [ids], max_new_tokens=config.max_new_tokens, method=config.method,
-                              temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                              seed=config.seed, eos_id=model.config.eos_id, **extra)
+  res = loopspec_jax.generate(
+      model,
+      [ids],
+      max_new_tokens=config.max_new_tokens,
+      method=config.method,
+      temperature=config.temperature,
+      top_k=config.top_k,
+      top_p=config.top_p,
+      seed=config.seed,
+      eos_id=model.config.eos_id,
+      **extra,
+  )
   new = res.tokens[0]
   stats = res.stats
   print(f"model: {model.family} (R={model.recurrence}) from {model.source}; method {config.method}")
@@ -63,11 +74,17 @@ def generate_from_config(config, model: Optional[loopspec_jax.LoopedModel] = Non
   else:
     print(f"prompt ids: {ids}")
     print(f"output ids: {new}")
-  print(f"{stats['tokens_generated']} tokens in {stats['decode_seconds']:.3f} s "
-        f"({stats['tokens_per_second']:.1f} tokens/s, prefill {stats['prefill_seconds']:.3f} s, "
-        f"first call includes compilation)")
-  return {"prompt_ids": ids, "tokens": new, "text": model.decode(new) if model.tokenizer is not None else None,
-          "stats": stats}
+  print(
+      f"{stats['tokens_generated']} tokens in {stats['decode_seconds']:.3f} s "
+      f"({stats['tokens_per_second']:.1f} tokens/s, prefill {stats['prefill_seconds']:.3f} s, "
+      f"first call includes compilation)"
+  )
+  return {
+      "prompt_ids": ids,
+      "tokens": new,
+      "text": model.decode(new) if model.tokenizer is not None else None,
+      "stats": stats,
+  }
 
 
 def main(argv):

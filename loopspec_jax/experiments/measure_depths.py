@@ -10,6 +10,7 @@ and depths_<task>_<sampling>.png.
   loopspec-measure-depths                                 # loopspec_jax/configs/sweeps/depths.py
   loopspec-measure-depths --config=sweeps/depths.py:tiny  # test-sized
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("sweeps/depths.py"), "Depth analysis settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("sweeps/depths.py"), "Depth analysis settings.", flag_values=FLAGS
+)
 
 
 def summary_path(out_dir: str, task: str, sampling: str, ext: str = "json") -> str:
@@ -39,33 +41,62 @@ def run_depths(cfg, model=None) -> dict:
   jsonl = os.path.join(cfg.out_dir, "depths.jsonl")
   out = {}
   for task in common.split_list(cfg.tasks):
-    prompts = DA.prepare_prompts(task, model, cfg.num_prompts, max_new_tokens=cfg.max_new_tokens,
-                                 prompt_len=cfg.prompt_len, seed=cfg.seed,
-                                 max_prompt_tokens=cfg.get("max_prompt_tokens") or None)
+    prompts = DA.prepare_prompts(
+        task,
+        model,
+        cfg.num_prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        prompt_len=cfg.prompt_len,
+        seed=cfg.seed,
+        max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
+    )
     for samp in common.split_list(cfg.samplings):
       sampling = dict(cfg.sampling_settings[samp])
-      key = DA.run_key(**ident, task=task, sampling=sampling, max_new_tokens=cfg.max_new_tokens,
-                       prompt_len=cfg.prompt_len if task == "random" else None,
-                       max_prompt_tokens=cfg.get("max_prompt_tokens"), eos_id=cfg.get("eos_id"))
+      key = DA.run_key(
+          **ident,
+          task=task,
+          sampling=sampling,
+          max_new_tokens=cfg.max_new_tokens,
+          prompt_len=cfg.prompt_len if task == "random" else None,
+          max_prompt_tokens=cfg.get("max_prompt_tokens"),
+          eos_id=cfg.get("eos_id"),
+      )
       print(f"depths: {label}, task {task}, {samp}: {len(prompts)} prompts", flush=True)
-      records = DA.measure_depths(model, prompts, sampling=sampling, max_new_tokens=cfg.max_new_tokens,
-                                  seed=cfg.seed, eos_id=cfg.get("eos_id"), out_jsonl=jsonl, key=key,
-                                  progress=cfg.get("progress", True))
-      meta = {"model": label, **ident, "task": task, "sampling_name": samp, "sampling": sampling,
-              "max_new_tokens": cfg.max_new_tokens, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+      records = DA.measure_depths(
+          model,
+          prompts,
+          sampling=sampling,
+          max_new_tokens=cfg.max_new_tokens,
+          seed=cfg.seed,
+          eos_id=cfg.get("eos_id"),
+          out_jsonl=jsonl,
+          key=key,
+          progress=cfg.get("progress", True),
+      )
+      meta = {
+          "model": label,
+          **ident,
+          "task": task,
+          "sampling_name": samp,
+          "sampling": sampling,
+          "max_new_tokens": cfg.max_new_tokens,
+          "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      }
       summary = DA.summarize_depths(records, r, include_single=cfg.include_single, meta=meta)
       if common.is_main_process():
         common.atomic_write_json(summary_path(cfg.out_dir, task, samp), summary)
-        DA.plot_depths(summary, summary_path(cfg.out_dir, task, samp, "png"),
-                       title=f"{label}: {task}, {samp} (R={r})")
+        DA.plot_depths(summary, summary_path(cfg.out_dir, task, samp, "png"), title=f"{label}: {task}, {samp} (R={r})")
       out[(task, samp)] = summary
       print(format_summary(summary, f"{label} / {task} / {samp}"))
   return out
 
 
 def format_summary(s: dict, title: str) -> str:
-  lines = [f"## {title}: {s['positions']} positions over {s['prompts']} prompts",
-           "| depth | agreement | mean TV | mean KL |", "|---|---|---|---|"]
+  lines = [
+      f"## {title}: {s['positions']} positions over {s['prompts']} prompts",
+      "| depth | agreement | mean TV | mean KL |",
+      "|---|---|---|---|",
+  ]
   for d, a, t, k in zip(s["depths"], s["agreement"], s["mean_tv"], s["mean_kl"]):
     lines.append(f"| {d} | {a:.3f} | {t:.4f} | {k:.4f} |")
   for name, f in s["fits"].items():
@@ -73,9 +104,11 @@ def format_summary(s: dict, title: str) -> str:
       lines.append(f"fit {name}: beta={f['beta']:.4g} alpha={f['alpha']:.3f}")
   t2 = s.get("theorem2")
   if t2:
-    lines.append(f"Theorem 2 optimum (d1*, d2*) = ({t2['optimal_continuous'][0]:.3f}, "
-                 f"{t2['optimal_continuous'][1]:.3f}); best feasible {tuple(t2['best_feasible'])}, "
-                 f"guaranteed gamma >= {t2['predicted_gamma_bound']:.2f}")
+    lines.append(
+        f"Theorem 2 optimum (d1*, d2*) = ({t2['optimal_continuous'][0]:.3f}, "
+        f"{t2['optimal_continuous'][1]:.3f}); best feasible {tuple(t2['best_feasible'])}, "
+        f"guaranteed gamma >= {t2['predicted_gamma_bound']:.2f}"
+    )
   return "\n".join(lines)
 
 

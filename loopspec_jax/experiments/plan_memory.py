@@ -12,6 +12,7 @@ workspace are not counted: keep some headroom below the flagged limit.
 
 Settings: loopspec_jax/configs/plan_memory.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,10 +35,11 @@ from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import sharding
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("plan_memory.py"), "Memory plan settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("plan_memory.py"), "Memory plan settings.", flag_values=FLAGS
+)
 
-GIB = 1024 ** 3
+GIB = 1024**3
 _SPLIT = ("cache", "spec", "lanes")  # decode-state fields with a category of their own
 
 
@@ -55,8 +57,9 @@ def make_decoder(cfg, method: str, d1=None, d2=None, capacity=None, greedy: bool
   return loopspec_decoder.make_decoder(cfg, greedy=greedy, random_init=False, d1=d1, d2=d2, lane_capacity=capacity)
 
 
-def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None, capacity=None,
-                    greedy: bool = False) -> dict:
+def abstract_states(
+    cfg, batch: int, context: int, method: str, d1=None, d2=None, capacity=None, greedy: bool = False
+) -> dict:
   """ShapeDtypeStruct trees by category: params, committed_kv, spec_kv, lanes, other.
 
   The shapes are those of the decoder's own prefill and initial state (`jax.eval_shape`, nothing allocated):
@@ -70,19 +73,40 @@ def abstract_states(cfg, batch: int, context: int, method: str, d1=None, d2=None
   sp = jax.eval_shape(lambda: common_dec.make_sampling_params(batch, 1, 1.0, 0, 1.0, 0, None))
   prompt = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
   lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
-  prefill = functools.partial(common_dec.prefill_state, cfg=cfg, readout_depths=dec.readout_depths,
-                              total_len=context + dec.extra_positions, random_init=False,
-                              cache_group=dec.cache_group)
+  prefill = functools.partial(
+      common_dec.prefill_state,
+      cfg=cfg,
+      readout_depths=dec.readout_depths,
+      total_len=context + dec.extra_positions,
+      random_init=False,
+      cache_group=dec.cache_group,
+  )
   cache, tokens = jax.eval_shape(prefill, params, prompt, lengths, sp)
   st = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
   split = [f.name for f in dataclasses.fields(st) if f.name in _SPLIT]
   parts = {name: getattr(st, name) for name in split}
-  return {"params": params, "committed_kv": parts["cache"], "spec_kv": parts.get("spec", {}),
-          "lanes": parts.get("lanes", {}), "other": (st.replace(**{name: None for name in split}), sp)}
+  return {
+      "params": params,
+      "committed_kv": parts["cache"],
+      "spec_kv": parts.get("spec", {}),
+      "lanes": parts.get("lanes", {}),
+      "other": (st.replace(**{name: None for name in split}), sp),
+  }
 
 
-def plan_row(cfg, batch: int, context: int, mesh_shape: tuple, method: str, rules=sharding.RULES, d1=None, d2=None,
-             capacity=None, memory_gib: float = 16.0, greedy: bool = False) -> dict:
+def plan_row(
+    cfg,
+    batch: int,
+    context: int,
+    mesh_shape: tuple,
+    method: str,
+    rules=sharding.RULES,
+    d1=None,
+    d2=None,
+    capacity=None,
+    memory_gib: float = 16.0,
+    greedy: bool = False,
+) -> dict:
   """Bytes per device of every category of one configuration (batch padded to the data axis)."""
   axis_sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   padded = -(-batch // axis_sizes["data"]) * axis_sizes["data"]
@@ -110,13 +134,18 @@ def method_settings(cfg, method: str, d1=None, d2=None, capacity=None):
 
 def markdown(rows: list, memory_gib: float) -> str:
   g = lambda b: f"{b / GIB:.2f}"
-  lines = ["| model | mesh (data,model) | batch | method | params | committed KV | spec KV | lanes | other | "
-           f"total GiB/device | fits {memory_gib:g} GiB |", "|" + "---|" * 11]
+  lines = [
+      "| model | mesh (data,model) | batch | method | params | committed KV | spec KV | lanes | other | "
+      f"total GiB/device | fits {memory_gib:g} GiB |",
+      "|" + "---|" * 11,
+  ]
   for r in rows:
-    lines.append(f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {r['batch']}"
-                 f"{'' if r['padded_batch'] == r['batch'] else ' (pad ' + str(r['padded_batch']) + ')'} | "
-                 f"{r['label']} | {g(r['params'])} | {g(r['committed_kv'])} | {g(r['spec_kv'])} | {g(r['lanes'])} | "
-                 f"{g(r['other'])} | {g(r['total'])} | {'yes' if r['fits'] else '**NO**'} |")
+    lines.append(
+        f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {r['batch']}"
+        f"{'' if r['padded_batch'] == r['batch'] else ' (pad ' + str(r['padded_batch']) + ')'} | "
+        f"{r['label']} | {g(r['params'])} | {g(r['committed_kv'])} | {g(r['spec_kv'])} | {g(r['lanes'])} | "
+        f"{g(r['other'])} | {g(r['total'])} | {'yes' if r['fits'] else '**NO**'} |"
+    )
   return "\n".join(lines)
 
 
@@ -137,8 +166,10 @@ def main(argv):
           row = plan_row(cfg, int(b), f.context, mesh_shape, method, rules, d1, d2, cap, f.device_memory_gib)
           rows.append({"model": spec, "label": label, **row})
   table = markdown(rows, f.device_memory_gib)
-  header = (f"dtype {f.dtype}, context {f.context}, {f.device_memory_gib:g} GiB per device; activations and "
-            "workspace not counted")
+  header = (
+      f"dtype {f.dtype}, context {f.context}, {f.device_memory_gib:g} GiB per device; activations and "
+      "workspace not counted"
+  )
   print(header + "\n\n" + table)
   if f.out_dir and common.is_main_process():
     common.atomic_write_text(os.path.join(f.out_dir, "plan_memory.md"), header + "\n\n" + table + "\n")

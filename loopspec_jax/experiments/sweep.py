@@ -15,6 +15,7 @@ tables every group and marks the measured best and Theorem 2's predicted best (f
   loopspec-sweep                                    # loopspec_jax/configs/sweeps/default.py
   loopspec-sweep --config=sweeps/default.py:quick   # a few configurations
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ from loopspec_jax.analysis import theory
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("sweeps/default.py"), "Sweep settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("sweeps/default.py"), "Sweep settings.", flag_values=FLAGS
+)
 
 
 class SweepInterrupted(RuntimeError):
@@ -81,8 +83,18 @@ def decode_all(model, prompts, name, kw, sampling, max_new_tokens, seed, eos_id,
   stats, outputs = [], []
   extra = {"lane_capacity": lane_capacity} if name == "loopspec" and lane_capacity else {}
   for i, p in enumerate(prompts):
-    res = loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed, eos_id=eos_id,
-                                request_ids=[i], **sampling, **kw, **extra)
+    res = loopspec_jax.generate(
+        model,
+        [p],
+        max_new_tokens=max_new_tokens,
+        method=name,
+        seed=seed,
+        eos_id=eos_id,
+        request_ids=[i],
+        **sampling,
+        **kw,
+        **extra,
+    )
     stats.append(res.stats)
     outputs.append(res.tokens[0])
   return stats, outputs
@@ -99,22 +111,34 @@ def measure(model, prompts, name, kw, sampling, *, max_new_tokens, repeats, seed
   return common.aggregate(stats, model.config.recurrence), times, outputs
 
 
-def make_row(base: dict, name: str, kw: dict, agg: dict, times: list, r: int, ar_row: Optional[dict],
-             outputs: list, greedy: bool) -> dict:
+def make_row(
+    base: dict, name: str, kw: dict, agg: dict, times: list, r: int, ar_row: Optional[dict], outputs: list, greedy: bool
+) -> dict:
   """A result row: timings, gamma, rates and the cost-identity prediction."""
   n = agg["tokens"]
   c = agg["commits"]
   row = dict(base)
-  row.update({
-      "method": name, "label": common.method_label(name, kw), "R": r,
-      "d1": kw.get("d1"), "d2": kw.get("d2") if name == "loopspec" else None,
-      "draft_len": kw.get("gamma") if name == "chain" else None,
-      "tokens": n, "decode_seconds_median": statistics.median(times), "decode_seconds_all": times,
-      "prefill_seconds": agg["prefill_seconds"], "tokens_per_second": n / max(statistics.median(times), 1e-9),
-      "mean_accepted_length": agg["mean_accepted_length"], "commits": c, "gate_open_rate": agg["gate_open_rate"],
-      "skipped_spawns": agg["skipped_spawns"], "core_step_calls_per_token": agg["core_step_calls_per_token"],
-      "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-  })
+  row.update(
+      {
+          "method": name,
+          "label": common.method_label(name, kw),
+          "R": r,
+          "d1": kw.get("d1"),
+          "d2": kw.get("d2") if name == "loopspec" else None,
+          "draft_len": kw.get("gamma") if name == "chain" else None,
+          "tokens": n,
+          "decode_seconds_median": statistics.median(times),
+          "decode_seconds_all": times,
+          "prefill_seconds": agg["prefill_seconds"],
+          "tokens_per_second": n / max(statistics.median(times), 1e-9),
+          "mean_accepted_length": agg["mean_accepted_length"],
+          "commits": c,
+          "gate_open_rate": agg["gate_open_rate"],
+          "skipped_spawns": agg["skipped_spawns"],
+          "core_step_calls_per_token": agg["core_step_calls_per_token"],
+          "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      }
+  )
   if ar_row is not None:
     row["ar_decode_seconds_median"] = ar_row["decode_seconds_median"]
     row["wall_clock_ratio"] = ar_row["decode_seconds_median"] / max(row["decode_seconds_median"], 1e-12)
@@ -166,8 +190,11 @@ def theorem1_fields(row: dict, depths: Optional[dict]) -> dict:
   if depths is None or row["method"] != "loopspec" or row["d2"] is None or "p_restart" not in row:
     return {}
   eps2 = depths["mean_tv"][row["d2"] - 1]
-  return {"eps2": eps2, "theorem1": theory.theorem1_check(row["p_restart"], eps2, gated=True),
-          "theorem1_applies": row.get("skipped_spawns", 0) == 0}
+  return {
+      "eps2": eps2,
+      "theorem1": theory.theorem1_check(row["p_restart"], eps2, gated=True),
+      "theorem1_applies": row.get("skipped_spawns", 0) == 0,
+  }
 
 
 def load_prediction(cfg, task: str, samp: str, r: int) -> Optional[dict]:
@@ -180,10 +207,19 @@ def load_prediction(cfg, task: str, samp: str, r: int) -> Optional[dict]:
   beta, alpha = env["beta"], env["alpha"]
   swept = loopspec_grid(cfg, r)
   best = theory.best_feasible_depths(r, beta, alpha, include_single=cfg.include_single)
-  best_swept = min(swept, key=lambda p: (theory.cost_bound(r, p[0], p[1], beta, alpha), p[0],
-                                         r if p[1] is None else p[1])) if swept else None
-  return {"path": path, "beta": beta, "alpha": alpha, "optimal_continuous": list(theory.optimal_depths(r, beta, alpha)),
-          "best_feasible": list(best), "best_swept": list(best_swept) if best_swept else None}
+  best_swept = (
+      min(swept, key=lambda p: (theory.cost_bound(r, p[0], p[1], beta, alpha), p[0], r if p[1] is None else p[1]))
+      if swept
+      else None
+  )
+  return {
+      "path": path,
+      "beta": beta,
+      "alpha": alpha,
+      "optimal_continuous": list(theory.optimal_depths(r, beta, alpha)),
+      "best_feasible": list(best),
+      "best_swept": list(best_swept) if best_swept else None,
+  }
 
 
 def run_sweep(cfg, model=None) -> dict:
@@ -204,19 +240,44 @@ def run_sweep(cfg, model=None) -> dict:
     prompts_by_task = {}
     for task, samp in groups:
       if task not in prompts_by_task:
-        prompts_by_task[task] = DA.prepare_prompts(task, model, cfg.num_prompts, max_new_tokens=cfg.max_new_tokens,
-                                                   prompt_len=cfg.prompt_len, seed=cfg.seed,
-                                                   max_prompt_tokens=cfg.get("max_prompt_tokens") or None)
+        prompts_by_task[task] = DA.prepare_prompts(
+            task,
+            model,
+            cfg.num_prompts,
+            max_new_tokens=cfg.max_new_tokens,
+            prompt_len=cfg.prompt_len,
+            seed=cfg.seed,
+            max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
+        )
       prompts = prompts_by_task[task]
       sampling = dict(cfg.sampling_settings[samp])
       greedy = float(sampling.get("temperature", 0.0)) == 0.0
-      base_key = dict(ident, task=task, sampling=sampling, num_prompts=len(prompts),
-                      max_new_tokens=cfg.max_new_tokens, prompt_len=cfg.prompt_len if task == "random" else None,
-                      max_prompt_tokens=cfg.get("max_prompt_tokens"), eos_id=eos_id)
-      base = {"model": label, "task": task, "sampling": samp, "sampling_settings": sampling,
-              "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats}
-      measure_kw = dict(max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed, eos_id=eos_id,
-                        lane_capacity=cfg.get("lane_capacity"))
+      base_key = dict(
+          ident,
+          task=task,
+          sampling=sampling,
+          num_prompts=len(prompts),
+          max_new_tokens=cfg.max_new_tokens,
+          prompt_len=cfg.prompt_len if task == "random" else None,
+          max_prompt_tokens=cfg.get("max_prompt_tokens"),
+          eos_id=eos_id,
+      )
+      base = {
+          "model": label,
+          "task": task,
+          "sampling": samp,
+          "sampling_settings": sampling,
+          "num_prompts": len(prompts),
+          "max_new_tokens": cfg.max_new_tokens,
+          "repeats": cfg.repeats,
+      }
+      measure_kw = dict(
+          max_new_tokens=cfg.max_new_tokens,
+          repeats=cfg.repeats,
+          seed=cfg.seed,
+          eos_id=eos_id,
+          lane_capacity=cfg.get("lane_capacity"),
+      )
       ar_key = DA.run_key(**base_key, method="ar")
       print(f"sweep {label} / {task} / {samp}: {len(prompts)} prompts, {len(specs)} configurations", flush=True)
       for name, kw in [("ar", {})] + specs:
@@ -240,8 +301,13 @@ def run_sweep(cfg, model=None) -> dict:
     summaries = {(t, s): load_depth_summary(cfg, t, s, r) for t, s in groups}
     rows = [existing[k] for k in keys_of_run if k in existing]
     derived = ("eps2", "theorem1", "theorem1_applies")  # recomputed from the current depth JSON, never stored
-    rows = [dict({k: v for k, v in x.items() if k not in derived},
-                 **theorem1_fields(x, summaries[(x["task"], x["sampling"])])) for x in rows]
+    rows = [
+        dict(
+            {k: v for k, v in x.items() if k not in derived},
+            **theorem1_fields(x, summaries[(x["task"], x["sampling"])]),
+        )
+        for x in rows
+    ]
     preds = {(t, s): load_prediction(cfg, t, s, r) for t, s in groups}
     table = summary_markdown(rows, preds)
     if common.is_main_process() and rows:
@@ -268,10 +334,12 @@ def best_rows(rows: List[dict], pred: Optional[dict]) -> Dict[str, Optional[dict
   """The measured best LoopSpec row (highest wall-clock ratio) and the rows of the predicted pairs."""
   ls = [x for x in rows if x["method"] == "loopspec"]
   find = lambda pair: next((x for x in ls if pair is not None and [x["d1"], x["d2"]] == list(pair)), None)
-  return {"measured": max(ls, key=lambda x: x["wall_clock_ratio"]) if ls else None,
-          "measured_gamma": max(ls, key=lambda x: x["mean_accepted_length"]) if ls else None,
-          "predicted": find(pred["best_feasible"]) if pred else None,
-          "predicted_swept": find(pred["best_swept"]) if pred else None}
+  return {
+      "measured": max(ls, key=lambda x: x["wall_clock_ratio"]) if ls else None,
+      "measured_gamma": max(ls, key=lambda x: x["mean_accepted_length"]) if ls else None,
+      "predicted": find(pred["best_feasible"]) if pred else None,
+      "predicted_swept": find(pred["best_swept"]) if pred else None,
+  }
 
 
 def summary_markdown(rows: List[dict], preds: dict) -> str:
@@ -289,19 +357,28 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
     best = best_rows(grp, pred)
     head = f"### {grp[0]['model']} / {task} / {samp}"
     if ar:
-      head += (f": AR {ar['tokens']} tokens, decode {ar['decode_seconds_median']:.3f} s "
-               f"({ar['tokens_per_second']:.1f} tok/s), median of {ar['repeats']}")
+      head += (
+          f": AR {ar['tokens']} tokens, decode {ar['decode_seconds_median']:.3f} s "
+          f"({ar['tokens_per_second']:.1f} tok/s), median of {ar['repeats']}"
+      )
     out.append(head)
     if pred:
       o = pred["optimal_continuous"]
-      out.append(f"Theorem 2 from {pred['path']}: envelope phi(r) = {pred['beta']:.4g} r^-{pred['alpha']:.3f}; "
-                 f"optimum (d1*, d2*) = ({o[0]:.3f}, {o[1]:.3f}); predicted best feasible "
-                 f"{pair_str(*pred['best_feasible'])}"
-                 + (f"; best swept {pair_str(*pred['best_swept'])}" if pred["best_swept"] else "") + ".")
+      out.append(
+          f"Theorem 2 from {pred['path']}: envelope phi(r) = {pred['beta']:.4g} r^-{pred['alpha']:.3f}; "
+          f"optimum (d1*, d2*) = ({o[0]:.3f}, {o[1]:.3f}); predicted best feasible "
+          f"{pair_str(*pred['best_feasible'])}"
+          + (f"; best swept {pair_str(*pred['best_swept'])}" if pred["best_swept"] else "")
+          + "."
+      )
     ls = [x for x in grp if x["method"] == "loopspec"]
     if ls:
-      out += ["", "| (d1, d2) | gamma | gamma (ticks) | gamma pred. R/C | C pred. | ratio vs AR | commits f/s/r | "
-              "P(rej x1) | P(restart) | Thm 1 bound | gate open | identical | mark |", "|" + "---|" * 13]
+      out += [
+          "",
+          "| (d1, d2) | gamma | gamma (ticks) | gamma pred. R/C | C pred. | ratio vs AR | commits f/s/r | "
+          "P(rej x1) | P(restart) | Thm 1 bound | gate open | identical | mark |",
+          "|" + "---|" * 13,
+      ]
       for x in ls:
         marks = []
         if best["measured"] is x:
@@ -311,34 +388,47 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
         elif best["predicted_swept"] is x:
           marks.append("predicted best (swept)")
         c = x["commits"]
-        out.append(f"| {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
-                   f"{x.get('tokens_per_r_steps', float('nan')):.2f} | {x.get('predicted_gamma', float('nan')):.2f} | "
-                   f"{x.get('predicted_cost', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x | "
-                   f"{c['first']}/{c['second']}/{c['restart']} | {x.get('p_reject_first', 0):.3f} | "
-                   f"{x.get('p_restart', 0):.3f} | {_thm1(x)} | {x['gate_open_rate']:.2f} | "
-                   f"{_yes(x.get('identical_to_ar'))} | "
-                   f"{' '.join(marks)} |")
+        out.append(
+            f"| {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
+            f"{x.get('tokens_per_r_steps', float('nan')):.2f} | {x.get('predicted_gamma', float('nan')):.2f} | "
+            f"{x.get('predicted_cost', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x | "
+            f"{c['first']}/{c['second']}/{c['restart']} | {x.get('p_reject_first', 0):.3f} | "
+            f"{x.get('p_restart', 0):.3f} | {_thm1(x)} | {x['gate_open_rate']:.2f} | "
+            f"{_yes(x.get('identical_to_ar'))} | "
+            f"{' '.join(marks)} |"
+        )
     ch = [x for x in grp if x["method"] == "chain"]
     if ch:
       a = DA.fit_chain_acceptance([x["draft_len"] for x in ch], [x["tokens_per_round"] for x in ch])
-      out += ["", f"Chain (draft depth {ch[0]['d1']}; fitted i.i.d. acceptance a = {a:.3f})", "",
-              "| draft len | gamma | tokens / round | (1-a^(g+1))/(1-a) | drafts accepted | ratio vs AR | identical |",
-              "|---|---|---|---|---|---|---|"]
+      out += [
+          "",
+          f"Chain (draft depth {ch[0]['d1']}; fitted i.i.d. acceptance a = {a:.3f})",
+          "",
+          "| draft len | gamma | tokens / round | (1-a^(g+1))/(1-a) | drafts accepted | ratio vs AR | identical |",
+          "|---|---|---|---|---|---|---|",
+      ]
       for x in ch:
-        out.append(f"| {x['draft_len']} | {x['mean_accepted_length']:.2f} | {x['tokens_per_round']:.2f} | "
-                   f"{theory.chain_expected_tokens(a, x['draft_len']):.2f} | {x.get('acceptance_rate', 0):.3f} | "
-                   f"{x['wall_clock_ratio']:.2f}x | {_yes(x.get('identical_to_ar'))} |")
+        out.append(
+            f"| {x['draft_len']} | {x['mean_accepted_length']:.2f} | {x['tokens_per_round']:.2f} | "
+            f"{theory.chain_expected_tokens(a, x['draft_len']):.2f} | {x.get('acceptance_rate', 0):.3f} | "
+            f"{x['wall_clock_ratio']:.2f}x | {_yes(x.get('identical_to_ar'))} |"
+        )
     if ls:
       out += ["", "| | (d1, d2) | gamma | gamma pred. R/C | ratio vs AR |", "|---|---|---|---|---|"]
-      for name, x in (("measured best (wall clock)", best["measured"]), ("highest gamma", best["measured_gamma"]),
-                      ("predicted best (Theorem 2)", best["predicted"]),
-                      ("predicted best among swept", best["predicted_swept"])):
+      for name, x in (
+          ("measured best (wall clock)", best["measured"]),
+          ("highest gamma", best["measured_gamma"]),
+          ("predicted best (Theorem 2)", best["predicted"]),
+          ("predicted best among swept", best["predicted_swept"]),
+      ):
         if x is None:
           if name.startswith("predicted best (") and pred:
             out.append(f"| {name} | {pair_str(*pred['best_feasible'])} | not swept | | |")
           continue
-        out.append(f"| {name} | {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
-                   f"{x.get('predicted_gamma', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x |")
+        out.append(
+            f"| {name} | {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
+            f"{x.get('predicted_gamma', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x |"
+        )
     out.append("")
   return "\n".join(out)
 

@@ -6,6 +6,7 @@ Builds (or loads from the cache) the offline corpus and tokenizer, trains with p
 root, the folder holding loopspec_jax/, so the bundled models are rewritten in place).
 Override any field: `--config.steps=200 --config.workdir=/tmp/run`.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ from loopspec_jax.experiments import common
 from loopspec_jax.train import trainer as T
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
-_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("train/tiny_raven.py"), "Training settings.",
-                                          flag_values=FLAGS)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("train/tiny_raven.py"), "Training settings.", flag_values=FLAGS
+)
 # The folder holding the package: relative export directories (loopspec_jax/assets/models/...) start here.
 CHECKOUT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(loopspec_jax.__file__)))
 

@@ -12,6 +12,7 @@ is what lets XLA update it in place and feed it to a dot without copying.
 `KVCache` declares the logical axes of its buffers where it is made (`parallel.logical.axes_field`).
 Prefill fills a whole prompt at every depth; decoders write one or more positions per request.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,7 @@ KV_AXES = ("batch", "kv_heads", "length", "head_dim")
 @flax.struct.dataclass
 class KVCache:
   """Per buffer a (k, v) pair; see the module docstring for the layout."""
+
   prelude: tuple = axes_field(*KV_AXES)  # n_prelude x (k, v) [B, KV, T, D]
   core: tuple = axes_field("groups", *KV_AXES)  # (group * n_core) x (k, v) [G, B, KV, T, D]
   coda: tuple = axes_field("readouts", *KV_AXES)  # n_coda x (k, v) [n_readouts, B, KV, T, D]
@@ -42,6 +44,7 @@ class KVCache:
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
   """Where each (recurrent step, layer) lives; `group` recurrent steps per block (see module docstring)."""
+
   n_prelude: int
   n_core: int
   n_coda: int
@@ -75,9 +78,11 @@ def empty_cache(cfg: ModelConfig, layout: CacheLayout, batch: int, length: int) 
   dt = jnp.dtype(cfg.dtype)
   kv = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   pair = lambda lead: (jnp.zeros(lead + kv, dt), jnp.zeros(lead + kv, dt))
-  return KVCache(prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
-                 core=tuple(pair((layout.n_groups,)) for _ in range(layout.group * layout.n_core)),
-                 coda=tuple(pair((layout.n_readouts,)) for _ in range(layout.n_coda)))
+  return KVCache(
+      prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
+      core=tuple(pair((layout.n_groups,)) for _ in range(layout.group * layout.n_core)),
+      coda=tuple(pair((layout.n_readouts,)) for _ in range(layout.n_coda)),
+  )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -92,8 +97,10 @@ def core_slot(cache: KVCache, layout: CacheLayout, step, l: int):
   if layout.group != 1:
     raise ValueError("a traced step index needs a cache laid out with group=1")
   k, v = cache.core[l]
-  return (jax.lax.dynamic_index_in_dim(k, step, 0, keepdims=False),
-          jax.lax.dynamic_index_in_dim(v, step, 0, keepdims=False))
+  return (
+      jax.lax.dynamic_index_in_dim(k, step, 0, keepdims=False),
+      jax.lax.dynamic_index_in_dim(v, step, 0, keepdims=False),
+  )
 
 
 def prelude_ctx(cache: KVCache, mask):
@@ -168,15 +175,19 @@ def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> K
     raise ValueError("write_core_steps needs a cache laid out with group=1")
   b = k.shape[2]
   idx = (steps[:, None, None], jnp.arange(b)[None, :, None], slice(None), pos[None])
-  core = tuple((kb.at[idx].set(k[:, l].astype(kb.dtype), mode="drop"),
-                vb.at[idx].set(v[:, l].astype(vb.dtype), mode="drop")) for l, (kb, vb) in enumerate(cache.core))
+  core = tuple(
+      (kb.at[idx].set(k[:, l].astype(kb.dtype), mode="drop"), vb.at[idx].set(v[:, l].astype(vb.dtype), mode="drop"))
+      for l, (kb, vb) in enumerate(cache.core)
+  )
   return cache.replace(core=core)
 
 
-def run_core_steps(params, cache: KVCache, layout: CacheLayout, s, e, pos, self_mask, mask, first: int, last: int,
-                   cfg: ModelConfig):
+def run_core_steps(
+    params, cache: KVCache, layout: CacheLayout, s, e, pos, self_mask, mask, first: int, last: int, cfg: ModelConfig
+):
   """Core steps first..last-1 of queries at positions pos [B, S] attending to the cache under mask [B, S, T]
   (and to each other under self_mask); returns (s, cache with the steps' entries written)."""
+
   def step(s, i):
     s, k, v = M.core_step(params, s, e, pos, self_mask, core_ctx(cache, layout, i, mask), cfg)
     return s, (k, v)
@@ -204,8 +215,9 @@ def _write_block(buf, lead, k):
   return jax.lax.dynamic_update_slice(buf, k[None], (lead, 0, 0, 0, 0))
 
 
-def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, layout: CacheLayout, readout_depths: tuple,
-            noise=None) -> KVCache:
+def prefill(
+    params, tokens, lengths, cache: KVCache, cfg: ModelConfig, layout: CacheLayout, readout_depths: tuple, noise=None
+) -> KVCache:
   """Runs the prompt tokens [B, Tp] through every depth, filling every buffer for positions 0..Tp-1.
 
   Coda buffers are filled for each depth of `readout_depths` (one coda cache per readout depth). Entries of
@@ -219,8 +231,10 @@ def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, layout: C
   mask = M.causal_mask(lengths, tp)
   none = lambda l: []
   e, k, v = M.pre(params, tokens, pos, mask, none, cfg)
-  pre = tuple((_write_block(cache.prelude[l][0], None, k[l]), _write_block(cache.prelude[l][1], None, v[l]))
-              for l in range(layout.n_prelude))
+  pre = tuple(
+      (_write_block(cache.prelude[l][0], None, k[l]), _write_block(cache.prelude[l][1], None, v[l]))
+      for l in range(layout.n_prelude)
+  )
   s = M.initial_state(e, cfg, noise)
 
   def block_of_steps(g, carry):
@@ -240,6 +254,7 @@ def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, layout: C
   coda = cache.coda
   for ridx, st in enumerate(states):
     _, k, v = M.post(params, st, pos, mask, none, cfg)
-    coda = tuple((_write_block(coda[l][0], ridx, k[l]), _write_block(coda[l][1], ridx, v[l]))
-                 for l in range(layout.n_coda))
+    coda = tuple(
+        (_write_block(coda[l][0], ridx, k[l]), _write_block(coda[l][1], ridx, v[l])) for l in range(layout.n_coda)
+    )
   return cache.replace(coda=coda)

@@ -5,6 +5,7 @@ Attention takes its keys/values as a list of *segments* (cached prefix, speculat
 queries' own new keys), each with its own boolean mask, so the same block serves full-sequence forwards,
 prefill, autoregressive decoding and tree-masked speculative lanes without copying caches together.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,7 @@ def attention(q, segments: Sequence[Segment], cfg: ModelConfig):
   out = 0.0
   start = 0
   for (_, v, _), n in zip(segments, sizes):
-    pr = probs[..., start:start + n].astype(v.dtype)
+    pr = probs[..., start : start + n].astype(v.dtype)
     out = out + jnp.einsum("bkqt,bktd->bkqd", pr, v, preferred_element_type=jnp.float32)
     start += n
   out = out.reshape(b, kvh, s, hg, d).transpose(0, 2, 1, 3, 4)

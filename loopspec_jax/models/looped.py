@@ -6,6 +6,7 @@ Raven:  e = Prelude(scale * wte[x]);  s_{i+1} = Core(adapter([s_i, e]));
 Every function takes a `ctx_fn(layer)` giving the cached key/value segments of that layer, and returns the
 new key/value entries of the queries, so callers decide where the cache lives (prefix, lanes, nowhere).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,13 @@ def layer_shapes(cfg: ModelConfig) -> dict:
   """Shapes of one block's parameters ([in, out] layout: y = x @ W)."""
   e, h, kv, d, i = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
   shapes = {
-      "wq": (e, h * d), "wk": (e, kv * d), "wv": (e, kv * d), "wo": (h * d, e),
-      "w_gate": (e, i), "w_up": (e, i), "w_down": (i, e),
+      "wq": (e, h * d),
+      "wk": (e, kv * d),
+      "wv": (e, kv * d),
+      "wo": (h * d, e),
+      "w_gate": (e, i),
+      "w_up": (e, i),
+      "w_down": (i, e),
   }
   for j in range(1, cfg.norms_per_layer + 1):
     shapes[f"norm_{j}"] = (e,)

@@ -1,4 +1,5 @@
 """`LoopedModel`: a config, its parameters and an optional tokenizer, the object every entry point takes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,7 @@ from loopspec_jax.models import looped as M
 @dataclasses.dataclass
 class LoopedModel:
   """A config, its parameters (a pytree of jax arrays) and an optional `tokenizers.Tokenizer`."""
+
   config: ModelConfig
   params: Any
   tokenizer: Any = None

@@ -10,6 +10,7 @@ On a Cloud TPU VM slice with several hosts (TPU_WORKER_HOSTNAMES lists more than
 itself. A single process is a no-op. Results are written by process 0 only
 (`loopspec_jax.experiments.common.is_main_process`).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,19 +30,25 @@ def _env(*names):
   return None
 
 
-def settings_from_env(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-                      process_id: Optional[int] = None) -> dict:
+def settings_from_env(
+    coordinator_address: Optional[str] = None, num_processes: Optional[int] = None, process_id: Optional[int] = None
+) -> dict:
   """The resolved (coordinator_address, num_processes, process_id, auto) of this process."""
   coord = coordinator_address or _env("LOOPSPEC_COORDINATOR", "JAX_COORDINATOR_ADDRESS")
   num = num_processes or _env("LOOPSPEC_NUM_PROCESSES", "JAX_NUM_PROCESSES")
   pid = process_id if process_id is not None else _env("LOOPSPEC_PROCESS_ID", "JAX_PROCESS_ID")
   hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-  return {"coordinator_address": coord, "num_processes": None if num is None else int(num),
-          "process_id": None if pid is None else int(pid), "auto": coord is None and len(hosts) > 1}
+  return {
+      "coordinator_address": coord,
+      "num_processes": None if num is None else int(num),
+      "process_id": None if pid is None else int(pid),
+      "auto": coord is None and len(hosts) > 1,
+  }
 
 
-def initialize_from_env(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-                        process_id: Optional[int] = None) -> bool:
+def initialize_from_env(
+    coordinator_address: Optional[str] = None, num_processes: Optional[int] = None, process_id: Optional[int] = None
+) -> bool:
   """Calls `jax.distributed.initialize` when this is one of several processes; returns whether it did."""
   global _initialized
   if _initialized:
@@ -52,13 +59,18 @@ def initialize_from_env(coordinator_address: Optional[str] = None, num_processes
   elif s["coordinator_address"] and (s["num_processes"] or 1) > 1:
     if s["process_id"] is None:
       raise ValueError("a multi-process run needs a process id (process_id= or LOOPSPEC_PROCESS_ID)")
-    jax.distributed.initialize(coordinator_address=s["coordinator_address"], num_processes=s["num_processes"],
-                               process_id=s["process_id"])
+    jax.distributed.initialize(
+        coordinator_address=s["coordinator_address"], num_processes=s["num_processes"], process_id=s["process_id"]
+    )
   else:
     return False  # a single process
   _initialized = True
-  log_rank("jax.distributed initialised: %d processes, %d devices (%d local)", jax.process_count(),
-           jax.device_count(), jax.local_device_count())
+  log_rank(
+      "jax.distributed initialised: %d processes, %d devices (%d local)",
+      jax.process_count(),
+      jax.device_count(),
+      jax.local_device_count(),
+  )
   return True
 
 

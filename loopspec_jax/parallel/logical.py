@@ -10,6 +10,7 @@ declared field on its path from the root. Nothing guesses axes from names or ran
 declaration covers, or whose rank differs from its declaration, raises an error naming its path.
 `parallel.sharding` turns the axes into shardings.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,12 +66,16 @@ def leaf_axes(root, path, leaf) -> tuple:
       axes = declared_axes(node).get(key.name)
       if axes is not None:
         if len(axes) != len(leaf.shape):
-          raise ValueError(f"{type(node).__name__}.{key.name} declares logical axes {axes}, but its leaf "
-                           f"{jax.tree_util.keystr(tuple(path))} has shape {tuple(leaf.shape)}")
+          raise ValueError(
+              f"{type(node).__name__}.{key.name} declares logical axes {axes}, but its leaf "
+              f"{jax.tree_util.keystr(tuple(path))} has shape {tuple(leaf.shape)}"
+          )
         return axes
     node = _child(node, key)
-  raise ValueError(f"no logical axes declared for leaf {jax.tree_util.keystr(tuple(path)) or '(root)'} of shape "
-                   f"{tuple(leaf.shape)} (declare them with axes_field on its dataclass field)")
+  raise ValueError(
+      f"no logical axes declared for leaf {jax.tree_util.keystr(tuple(path)) or '(root)'} of shape "
+      f"{tuple(leaf.shape)} (declare them with axes_field on its dataclass field)"
+  )
 
 
 def map_with_axes(fn: Callable[[tuple, Any], Any], tree) -> Any:

@@ -22,6 +22,7 @@ Decode entry points run as `jax.jit` with explicit in/out shardings and donated 
 `ENTRY_POINTS` (built once per function, mesh, rules and static arguments, then cached) and `fn` itself when
 mesh is None, so the single-device path is unchanged.
 """
+
 from __future__ import annotations
 
 import collections
@@ -62,16 +63,24 @@ RULES = (
 # Parameter axes: a table by path (parameters are plain dicts). Layers of a block stack ('prelude', 'core',
 # 'coda') are stacked on a leading 'layers' axis.
 _LAYER_AXES = {
-    "wq": ("layers", "embed", "heads"), "wk": ("layers", "embed", "kv_heads"),
-    "wv": ("layers", "embed", "kv_heads"), "wo": ("layers", "heads", "embed"),
-    "w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"), "w_down": ("layers", "mlp", "embed"),
-    "qk_bias": ("layers", "qk", "heads", "head_dim"), "q_norm": ("layers", "heads"),
+    "wq": ("layers", "embed", "heads"),
+    "wk": ("layers", "embed", "kv_heads"),
+    "wv": ("layers", "embed", "kv_heads"),
+    "wo": ("layers", "heads", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+    "qk_bias": ("layers", "qk", "heads", "head_dim"),
+    "q_norm": ("layers", "heads"),
     "k_norm": ("layers", "kv_heads"),
 }
 _TOP_AXES = {
-    "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
+    "embed": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "final_norm": ("embed",),
     "adapter": (None, "embed"),  # [2E, E]: Raven's adapter of concat(state, embedding)
-    "w": ("embed", None), "b": (None,),  # w / b: Ouro's exit gate
+    "w": ("embed", None),
+    "b": (None,),  # w / b: Ouro's exit gate
 }
 _STACKS = ("prelude", "core", "coda")
 
@@ -120,6 +129,7 @@ def normalize_rules(rules) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
   """A mesh (auto-sharded axes named from 'data', 'model') and its logical axis rules; hashable."""
+
   mesh: Mesh
   rules: tuple = RULES
 
@@ -269,8 +279,9 @@ def per_device_bytes(tree, kind, axis_sizes: dict, rules=RULES, cfg=None) -> int
   """Bytes one device holds of a tree (arrays or ShapeDtypeStructs) laid out by the rules."""
   specs = jax.tree_util.tree_leaves(tree_specs(tree, kind, axis_sizes, rules, cfg), is_leaf=lambda x: isinstance(x, P))
   leaves = jax.tree_util.tree_leaves(tree)
-  return int(sum(math.prod(shard_shape(x.shape, s, axis_sizes)) * np.dtype(x.dtype).itemsize
-                 for x, s in zip(leaves, specs)))
+  return int(
+      sum(math.prod(shard_shape(x.shape, s, axis_sizes)) * np.dtype(x.dtype).itemsize for x, s in zip(leaves, specs))
+  )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -302,6 +313,7 @@ def to_host(tree, skip=("cache", "spec")):
     if path and _key_name(path[0]) in skip or not isinstance(x, jax.Array) or x.is_fully_addressable:
       return x
     return multihost_utils.process_allgather(x, tiled=True)
+
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
@@ -386,8 +398,8 @@ def entry(fn, mesh, rules=None):
     bound.apply_defaults()
     values = list(bound.arguments.items())
     kinds, donate, out = ENTRY_POINTS[name]
-    arrays = tuple(v for _, v in values[:len(kinds)])
-    static = tuple(values[len(kinds):])
+    arrays = tuple(v for _, v in values[: len(kinds)])
+    static = tuple(values[len(kinds) :])
     cfg = dict(static).get("cfg")
     in_sh = tuple(tree_shardings(a, k, mesh_plan, cfg) for a, k in zip(arrays, kinds))
     leaves, treedef = jax.tree_util.tree_flatten(in_sh)
@@ -398,12 +410,16 @@ def entry(fn, mesh, rules=None):
         out_sh = in_sh[out]
       else:
         shapes = jax.eval_shape(fun, *arrays)
-        out_sh = (tree_shardings(shapes, out, mesh_plan, cfg) if isinstance(out, str) else
-                  tuple(tree_shardings(x, k, mesh_plan, cfg) for x, k in zip(shapes, out)))
+        out_sh = (
+            tree_shardings(shapes, out, mesh_plan, cfg)
+            if isinstance(out, str)
+            else tuple(tree_shardings(x, k, mesh_plan, cfg) for x, k in zip(shapes, out))
+        )
 
       def traced(*a):
         TRACES[name] += 1
         return fun(*a)
+
       _JITS[key] = (jax.jit(traced, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate), out_sh)
     jitted, _ = _JITS[key]
     with jax.set_mesh(mesh_plan.mesh):
@@ -418,5 +434,7 @@ def entry(fn, mesh, rules=None):
 
 def jit_cache_sizes() -> list:
   """(entry name, mesh shape, static args, compiled programs) of every sharded wrapper built so far."""
-  return [(name, tuple(mesh_plan.mesh.shape.values()), dict(static), jitted._cache_size())
-          for (name, mesh_plan, static, _, _), (jitted, _) in _JITS.items()]
+  return [
+      (name, tuple(mesh_plan.mesh.shape.values()), dict(static), jitted._cache_size())
+      for (name, mesh_plan, static, _, _), (jitted, _) in _JITS.items()
+  ]

@@ -2,4 +2,5 @@
 
 `data` builds the corpus, tokenizer and batches; `trainer` the jitted step, checkpoints, eval and export.
 """
+
 from loopspec_jax.train.data import heldout_shakespeare  # noqa: F401

@@ -5,6 +5,7 @@ Sources: tiny-shakespeare minus a held-out tail (the last 5% of characters, kept
 Evaluation sets (GSM8K test, MATH-500, MBPP, HumanEval) are never read here. Tokens are cached as .npy
 under a cache dir (default ~/.cache/loopspec_jax), keyed by a hash of the corpus text and tokenizer settings.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,18 +79,22 @@ def stdlib_docs(max_bytes: int) -> list:
 
 def corpus_docs(stdlib_max_bytes: int) -> dict:
   """{source: list of documents} in a fixed order."""
-  return {"shakespeare": [train_shakespeare()], "gsm8k": gsm8k_train_docs(),
-          "stdlib": stdlib_docs(stdlib_max_bytes)}
+  return {"shakespeare": [train_shakespeare()], "gsm8k": gsm8k_train_docs(), "stdlib": stdlib_docs(stdlib_max_bytes)}
 
 
 def train_tokenizer(docs: dict, vocab_size: int):
   """A byte-level BPE (ByteLevel pre-tokenizer and decoder) with `<|endoftext|>` as token 0."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[EOT],
+      show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+  )
   tok.train_from_iterator((d for src in SOURCES for d in docs[src]), trainer=trainer)
   return tok
 
@@ -110,10 +115,12 @@ class Corpus:
     return np.asarray(self.tokenizer.encode(text).ids, np.int32)
 
 
-def load_corpus(cache_dir: Optional[str] = None, vocab_size: int = 2048, stdlib_max_bytes: int = 4_000_000,
-                verbose: bool = False) -> Corpus:
+def load_corpus(
+    cache_dir: Optional[str] = None, vocab_size: int = 2048, stdlib_max_bytes: int = 4_000_000, verbose: bool = False
+) -> Corpus:
   """Tokenizer and tokenized corpus from the cache, building (and caching) them on first use."""
   from tokenizers import Tokenizer
+
   cache_dir = os.path.expanduser(cache_dir or DEFAULT_CACHE)
   docs = corpus_docs(stdlib_max_bytes)
   h = hashlib.sha256(f"v1|{vocab_size}|{stdlib_max_bytes}".encode())
@@ -129,7 +136,7 @@ def load_corpus(cache_dir: Optional[str] = None, vocab_size: int = 2048, stdlib_
     flat = np.load(npz_path)
     with open(os.path.join(d, "offsets.json")) as f:
       offsets = json.load(f)
-    tokens = {s: flat[offsets[s][0]:offsets[s][1]] for s in SOURCES}
+    tokens = {s: flat[offsets[s][0] : offsets[s][1]] for s in SOURCES}
     return Corpus(tokens, tok, key)
   if verbose:
     print(f"building the corpus cache in {d} ...", flush=True)
@@ -169,7 +176,7 @@ def batch_at(corpus: Corpus, step: int, *, seed: int, batch_size: int, seq_len: 
   for i, si in enumerate(srcs):
     arr = corpus.tokens[names[si]]
     start = rng.integers(0, len(arr) - seq_len - 1)
-    out[i] = arr[start:start + seq_len + 1]
+    out[i] = arr[start : start + seq_len + 1]
   return out
 
 
@@ -179,4 +186,4 @@ def eval_windows(corpus: Corpus, seq_len: int, max_windows: Optional[int] = None
   n = (len(ids) - 1) // seq_len
   if max_windows is not None:
     n = min(n, max_windows)
-  return np.stack([ids[i * seq_len:i * seq_len + seq_len + 1] for i in range(n)])
+  return np.stack([ids[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])

@@ -14,6 +14,7 @@ AdamW (warmup + cosine), global-norm clipping, optional bf16 compute with float3
 CheckpointManager saves (params, opt state, step, rng) and exact resume: the batch of step k is a function of
 (seed, k) only and the step's randomness is fold_in(rng, k).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +44,7 @@ from loopspec_jax.train import data as D
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """Static (hashable) settings of the training loss."""
+
   kind: str = "raven"  # 'raven' | 'ouro'
   mean_recurrence: float = 8.0
   sigma: float = 0.5
@@ -68,7 +70,7 @@ class Objective:
 def sample_depth(key, obj: Objective):
   """r ~ Poisson(tau), log tau ~ N(log(mean) - sigma^2/2, sigma) (so E[tau] = mean), clipped to [1, max]."""
   k1, k2 = jax.random.split(key)
-  mu = math.log(obj.mean_recurrence) - 0.5 * obj.sigma ** 2
+  mu = math.log(obj.mean_recurrence) - 0.5 * obj.sigma**2
   tau = jnp.exp(mu + obj.sigma * jax.random.normal(k1, ()))
   r = jax.random.poisson(k2, tau, ())
   return jnp.clip(r, 1, obj.max_recurrence).astype(jnp.int32)
@@ -119,13 +121,17 @@ def raven_loss(params, tokens, key, cfg: ModelConfig, obj: Objective):
   metrics = {"depth": r}
   a = max(obj.aux_depths) if obj.aux_depths else 0
   if a:
+
     def fwd(x, _):
       x = step(cp, e, x)
       return x, x
 
     _, states = jax.lax.scan(fwd, s0, None, length=a)  # states[i] = s_{i+1}, gradients through all
-    s_r = jax.lax.cond(r <= a, lambda: jax.lax.dynamic_index_in_dim(states, r - 1, keepdims=False),
-                       lambda: tail(jax.lax.stop_gradient(states[a - 1]), r - a))
+    s_r = jax.lax.cond(
+        r <= a,
+        lambda: jax.lax.dynamic_index_in_dim(states, r - 1, keepdims=False),
+        lambda: tail(jax.lax.stop_gradient(states[a - 1]), r - a),
+    )
     aux = jnp.mean(jnp.stack([readout_loss(states[d - 1]) for d in obj.aux_depths]))
     main = readout_loss(s_r)
     metrics.update(main_loss=main, aux_loss=aux)
@@ -152,13 +158,26 @@ def ouro_loss(params, tokens, key, cfg: ModelConfig, obj: Objective):
   return loss, {"main_loss": losses[-1], "first_loss": losses[0]}
 
 
-def make_optimizer(lr: float, steps: int, warmup: int, min_lr_ratio: float, weight_decay: float,
-                   grad_clip: float, b1: float = 0.9, b2: float = 0.95):
+def make_optimizer(
+    lr: float,
+    steps: int,
+    warmup: int,
+    min_lr_ratio: float,
+    weight_decay: float,
+    grad_clip: float,
+    b1: float = 0.9,
+    b2: float = 0.95,
+):
   """AdamW with linear warmup and cosine decay; weight decay on matrices only; global-norm clipping."""
   sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup, 1), max(steps, warmup + 1), lr * min_lr_ratio)
   decay_mask = lambda p: jax.tree_util.tree_map(lambda x: x.ndim >= 2, p)
-  return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)), sched
+  return (
+      optax.chain(
+          optax.clip_by_global_norm(grad_clip),
+          optax.adamw(sched, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask),
+      ),
+      sched,
+  )
 
 
 def _tree_norm(tree):
@@ -207,7 +226,7 @@ def evaluate(params, windows: np.ndarray, depths, cfg: ModelConfig, batch_size: 
   depths = tuple(sorted(set(int(d) for d in depths) | {cfg.recurrence}))
   losses, agree, n = np.zeros(len(depths)), np.zeros(len(depths)), 0
   for i in range(0, len(windows), batch_size):
-    w = jnp.asarray(windows[i:i + batch_size])
+    w = jnp.asarray(windows[i : i + batch_size])
     inp, tgt = w[:, :-1], w[:, 1:]
     logits = _forward(params, inp, jnp.full((inp.shape[0],), inp.shape[1], jnp.int32), depths, cfg)
     nll, am = _eval_logits_stats(logits, tgt)
@@ -222,10 +241,18 @@ def evaluate(params, windows: np.ndarray, depths, cfg: ModelConfig, batch_size: 
 # The Trainer: data, checkpoints, progress, evaluation, export
 # ---------------------------------------------------------------------------------------------------
 def objective_from_config(c) -> Objective:
-  return Objective(kind=c.objective, mean_recurrence=float(c.mean_recurrence), sigma=float(c.sigma),
-                   max_recurrence=int(c.max_recurrence), backprop_depth=int(c.backprop_depth),
-                   aux_depths=tuple(int(d) for d in c.aux_depths), aux_weight=float(c.aux_weight),
-                   ouro_reduce=c.ouro_reduce, init_state=c.init_state, compute_dtype=c.compute_dtype)
+  return Objective(
+      kind=c.objective,
+      mean_recurrence=float(c.mean_recurrence),
+      sigma=float(c.sigma),
+      max_recurrence=int(c.max_recurrence),
+      backprop_depth=int(c.backprop_depth),
+      aux_depths=tuple(int(d) for d in c.aux_depths),
+      aux_weight=float(c.aux_weight),
+      ouro_reduce=c.ouro_reduce,
+      init_state=c.init_state,
+      compute_dtype=c.compute_dtype,
+  )
 
 
 class Trainer:
@@ -236,8 +263,9 @@ class Trainer:
     self.cfg = from_config_dict(config.model)
     self.obj = objective_from_config(config)
     self.workdir = os.path.abspath(workdir or config.workdir)
-    self.corpus = corpus or D.load_corpus(config.data.cache_dir or None, config.data.vocab_size,
-                                          config.data.stdlib_max_bytes, verbose=True)
+    self.corpus = corpus or D.load_corpus(
+        config.data.cache_dir or None, config.data.vocab_size, config.data.stdlib_max_bytes, verbose=True
+    )
     tv = self.corpus.tokenizer.get_vocab_size()
     if tv > self.cfg.vocab_size:
       raise ValueError(f"tokenizer has {tv} tokens but the model vocab_size is {self.cfg.vocab_size}")
@@ -245,8 +273,16 @@ class Trainer:
       raise ValueError(f"model eos_id {self.cfg.eos_id} != tokenizer's {D.EOT} id {self.corpus.eot_id}")
     if config.seq_len > self.cfg.max_len:
       raise ValueError(f"seq_len {config.seq_len} exceeds the model context {self.cfg.max_len}")
-    opt_hp = (float(config.lr), int(config.steps), int(config.warmup_steps), float(config.min_lr_ratio),
-              float(config.weight_decay), float(config.grad_clip), float(config.b1), float(config.b2))
+    opt_hp = (
+        float(config.lr),
+        int(config.steps),
+        int(config.warmup_steps),
+        float(config.min_lr_ratio),
+        float(config.weight_decay),
+        float(config.grad_clip),
+        float(config.b1),
+        float(config.b2),
+    )
     self.opt, self.schedule, self.train_step = _cached_step(self.cfg, self.obj, opt_hp)
     self.weights = dict(config.data.weights)
     self._mngr = None
@@ -257,8 +293,7 @@ class Trainer:
   def batch(self, step: int) -> np.ndarray:
     """The [batch, seq_len + 1] token windows of `step` (a function of (seed, step) only)."""
     c = self.config
-    return D.batch_at(self.corpus, step, seed=c.seed, batch_size=c.batch_size, seq_len=c.seq_len,
-                      weights=self.weights)
+    return D.batch_at(self.corpus, step, seed=c.seed, batch_size=c.batch_size, seq_len=c.seq_len, weights=self.weights)
 
   def eval_windows(self, max_windows=None) -> np.ndarray:
     if self._eval_windows is None:
@@ -278,14 +313,17 @@ class Trainer:
   def manager(self):
     if self._mngr is None:
       import orbax.checkpoint as ocp
-      opts = ocp.CheckpointManagerOptions(max_to_keep=self.config.keep_checkpoints, create=True,
-                                          enable_async_checkpointing=False)
+
+      opts = ocp.CheckpointManagerOptions(
+          max_to_keep=self.config.keep_checkpoints, create=True, enable_async_checkpointing=False
+      )
       self._mngr = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=opts)
     return self._mngr
 
   def restore_or_init(self):
     """The last saved state in workdir, else a fresh one."""
     import orbax.checkpoint as ocp
+
     last = self.manager.latest_step()
     if last is None:
       return self.init_state()
@@ -295,6 +333,7 @@ class Trainer:
 
   def save(self, state, force: bool = False):
     import orbax.checkpoint as ocp
+
     step = int(state["step"])
     if force or step % self.config.save_every == 0:
       if self.manager.latest_step() != step:
@@ -311,13 +350,13 @@ class Trainer:
   def train(self, stop_at: Optional[int] = None, progress: bool = True, state=None):
     """Trains from the last checkpoint (or scratch) up to `stop_at` (default: config.steps); returns state."""
     from tqdm.auto import tqdm
+
     c = self.config
     total = c.steps if stop_at is None else min(stop_at, c.steps)
     state = self.restore_or_init() if state is None else state
     start = int(state["step"])
     toks_per_step = c.batch_size * c.seq_len
-    bar = tqdm(total=total, initial=start, disable=not progress, dynamic_ncols=True, mininterval=2.0,
-               smoothing=0.1)
+    bar = tqdm(total=total, initial=start, disable=not progress, dynamic_ncols=True, mininterval=2.0, smoothing=0.1)
     t_last, n_last = time.perf_counter(), 0
     ema = None
     for step in range(start, total):
@@ -350,8 +389,10 @@ class Trainer:
       f.write(json.dumps(rec) + "\n")
     if echo is not None and "eval" in rec:
       ev = rec["eval"]
-      echo(f"step {rec['step']}: eval " + " ".join(
-          f"d{d}:{l:.3f}/{a:.1%}" for d, l, a in zip(ev["depths"], ev["loss"], ev["agreement"])))
+      echo(
+          f"step {rec['step']}: eval "
+          + " ".join(f"d{d}:{l:.3f}/{a:.1%}" for d, l, a in zip(ev["depths"], ev["loss"], ev["agreement"]))
+      )
 
   # -- export -------------------------------------------------------------------------------------
   def export(self, state, out_dir: str, command: str = "", train_seconds: Optional[float] = None) -> dict:
@@ -372,12 +413,18 @@ def model_card(c, cfg: ModelConfig, ev: dict, steps: int, command: str, seconds,
   n_params = M.count_params(cfg)
   toks = steps * c.batch_size * c.seq_len
   if c.objective == "raven":
-    recipe = (f"Huginn recipe: per step a depth r ~ Poisson(exp(N(log {c.mean_recurrence} - sigma^2/2, sigma="
-              f"{c.sigma}))) clipped to [1, {c.max_recurrence}], loss at depth r, gradients through the last "
-              f"{c.backprop_depth} steps, initial state '{c.init_state}'"
-              + (f"; plus the loss at fixed depths {tuple(c.aux_depths)} (weight {c.aux_weight}) with gradients "
-                 f"through all their steps, so that early readouts agree with deep ones" if c.aux_depths else "")
-              + ".")
+    recipe = (
+        f"Huginn recipe: per step a depth r ~ Poisson(exp(N(log {c.mean_recurrence} - sigma^2/2, sigma="
+        f"{c.sigma}))) clipped to [1, {c.max_recurrence}], loss at depth r, gradients through the last "
+        f"{c.backprop_depth} steps, initial state '{c.init_state}'"
+        + (
+            f"; plus the loss at fixed depths {tuple(c.aux_depths)} (weight {c.aux_weight}) with gradients "
+            f"through all their steps, so that early readouts agree with deep ones"
+            if c.aux_depths
+            else ""
+        )
+        + "."
+    )
   else:
     recipe = f"Ouro-style: the {c.ouro_reduce} of the readout losses at every depth 1..{cfg.recurrence}."
   rows = "\n".join(f"| {d} | {l:.4f} | {a:.2%} |" for d, l, a in zip(ev["depths"], ev["loss"], ev["agreement"]))

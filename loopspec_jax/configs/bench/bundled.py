@@ -8,6 +8,7 @@
 Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
 proposals; greedy and sampling (T=1.0, top_p=0.7); medians of `repeats` interleaved repeats.
 """
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -24,8 +25,7 @@ def get_config(arg=None):
   c.max_new_tokens = 64
   c.repeats = 3
   c.samplings = ["greedy", "sample"]
-  c.sampling_settings = {"greedy": {"temperature": 0.0},
-                         "sample": {"temperature": 1.0, "top_p": 0.7}}
+  c.sampling_settings = {"greedy": {"temperature": 0.0}, "sample": {"temperature": 1.0, "top_p": 0.7}}
   c.methods = ["ar"]  # method specs 'name:arg=value,...' ('none' for an absent depth); the first must be 'ar'
   c.methods_by_model = {
       "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2", "loopspec:d1=2,d2=8"],

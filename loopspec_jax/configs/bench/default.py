@@ -1,9 +1,10 @@
 """Benchmark of the decoding methods on a contractive R=32 Raven-style model (issue: LoopSpec decoding).
 
-  loopspec-bench                                  # this config (the default)
-  loopspec-bench --config=bench/default.py:quick  # CI-sized
-  loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Huginn-0125 in bf16 (accelerators)
+loopspec-bench                                  # this config (the default)
+loopspec-bench --config=bench/default.py:quick  # CI-sized
+loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Huginn-0125 in bf16 (accelerators)
 """
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -20,8 +21,7 @@ def get_config(arg=None):
   c.max_new_tokens = 128
   c.repeats = 3
   c.samplings = ["greedy"]
-  c.sampling_settings = {"greedy": {"temperature": 0.0},
-                         "sample": {"temperature": 1.0, "top_p": 0.7}}
+  c.sampling_settings = {"greedy": {"temperature": 0.0}, "sample": {"temperature": 1.0, "top_p": 0.7}}
   c.methods = ["ar", "chain:d1=2,gamma=6", "loopspec:d1=2", "loopspec:d1=2,d2=8"]
   c.methods_by_model = {}
   c.dtype = "float32"

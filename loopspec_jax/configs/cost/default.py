@@ -9,6 +9,7 @@
 first one "ar" (the reference of the ratios), `gamma` the mean accepted length (tokens per R steps) the
 projection assumes, `contexts` (optional) replaces the report's contexts for that model.
 """
+
 import ml_collections
 
 
@@ -16,14 +17,30 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.models = "huginn_0125,ouro_1p4b"  # comma-separated names of model_settings
   c.model_settings = {
-      "huginn_0125": {"spec": "huginn:0125", "gamma": 14.5,
-                      "methods": ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"), "contexts": ()},
-      "ouro_1p4b": {"spec": "ouro:1p4b", "gamma": 3.5,
-                    "methods": ("ar", "chain:d1=1,gamma=3", "loopspec:d1=1,d2=2"), "contexts": ()},
-      "tiny_raven": {"spec": "bundled:tiny-raven", "gamma": 14.5,
-                     "methods": ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"), "contexts": (256,)},
-      "tiny_ouro": {"spec": "bundled:tiny-ouro", "gamma": 3.5,
-                    "methods": ("ar", "chain:d1=1,gamma=3", "loopspec:d1=1,d2=2"), "contexts": (256,)},
+      "huginn_0125": {
+          "spec": "huginn:0125",
+          "gamma": 14.5,
+          "methods": ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"),
+          "contexts": (),
+      },
+      "ouro_1p4b": {
+          "spec": "ouro:1p4b",
+          "gamma": 3.5,
+          "methods": ("ar", "chain:d1=1,gamma=3", "loopspec:d1=1,d2=2"),
+          "contexts": (),
+      },
+      "tiny_raven": {
+          "spec": "bundled:tiny-raven",
+          "gamma": 14.5,
+          "methods": ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"),
+          "contexts": (256,),
+      },
+      "tiny_ouro": {
+          "spec": "bundled:tiny-ouro",
+          "gamma": 3.5,
+          "methods": ("ar", "chain:d1=1,gamma=3", "loopspec:d1=1,d2=2"),
+          "contexts": (256,),
+      },
   }
   c.contexts = (2048, 8192)
   c.dtype = "bfloat16"

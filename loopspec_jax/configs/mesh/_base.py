@@ -9,6 +9,7 @@ Every module here exposes `get_config(arg=None)` returning an `ml_collections.Co
 `--config=<package>/configs/mesh/v5e_8.py:1x8`; other fields change with `--config.<field>=<value>`. Build the
 mesh with `sharding.mesh_from_config(cd)` and the rules with `sharding.rules_from_config(cd)`.
 """
+
 from __future__ import annotations
 
 import importlib

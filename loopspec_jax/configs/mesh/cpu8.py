@@ -1,4 +1,5 @@
 """8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), as the sharding tests use."""
+
 from loopspec_jax.configs.mesh._base import mesh_config
 
 

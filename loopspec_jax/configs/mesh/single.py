@@ -1,4 +1,5 @@
 """One device: mesh (1, 1) (what `generate(..., mesh=None)` does, but through the sharded entry points)."""
+
 from loopspec_jax.configs.mesh._base import mesh_config
 
 

@@ -3,6 +3,7 @@
 (2, 2): two request groups, heads / MLP / vocabulary split over 2 chips. Huginn-0125 (3.5B, bf16) fits
 replicated too: the `4x1` variant (`v4_8:4x1`) maximises request throughput.
 """
+
 from loopspec_jax.configs.mesh._base import mesh_config
 
 

@@ -4,6 +4,7 @@ Needs `loopspec_jax.parallel.distributed.initialize_from_env()` (one process per
 
 (4, 4): one request group per host-sized slice of 4 chips, model-parallel over 4.
 """
+
 from loopspec_jax.configs.mesh._base import mesh_config
 
 

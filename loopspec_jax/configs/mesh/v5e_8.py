@@ -4,6 +4,7 @@
 not divide, so its attention and KV caches are replicated and only MLP and vocabulary split; see
 loopspec_jax/experiments/plan_memory.py).
 """
+
 from loopspec_jax.configs.mesh._base import mesh_config
 
 

@@ -5,6 +5,7 @@ Specs are "<family module>:<variant>":
   raven_llama:tiny raven_llama:3p2_1b raven_llama:tinyllama     raven_olmo:tiny raven_olmo:2_1b
 As a config file: `--config=<package>/configs/models/huginn.py:0125 --config.recurrence=16`.
 """
+
 from __future__ import annotations
 
 import ml_collections

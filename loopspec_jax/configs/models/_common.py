@@ -5,6 +5,7 @@ variant (e.g. `huginn.get_config("0125")`), and returns an `ml_collections.Confi
 `loopspec_jax.config.ModelConfig` field names, so `from_config_dict(get_config(variant))` builds the ModelConfig.
 Change fields with the one override syntax, `--config.<field>=<value>`, or `model_config(spec, **overrides)`.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -8,6 +8,7 @@ value (`--config.chain_d1=none`). Rows go to <out_dir>/sweep.jsonl one configura
 configurations already there. With a depth-analysis JSON (loopspec-measure-depths) the table marks Theorem 2's
 predicted best pair.
 """
+
 import ml_collections
 from ml_collections import config_dict
 

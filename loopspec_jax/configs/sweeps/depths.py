@@ -5,6 +5,7 @@
   loopspec-measure-depths --config.model=tiny-raven --config.tasks=gsm8k
 Writes <out_dir>/depths.jsonl (per prompt, resumable) and depths_<task>_<sampling>.json / .png.
 """
+
 import ml_collections
 from ml_collections import config_dict
 

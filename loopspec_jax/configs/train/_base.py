@@ -1,4 +1,5 @@
 """Defaults shared by the training configs: every key `loopspec_jax.train.trainer.Trainer` reads."""
+
 import ml_collections
 from ml_collections import config_dict
 

@@ -1,4 +1,5 @@
 """A seconds-long training config for tests: a tiny Huginn-style model, a handful of steps."""
+
 import math
 
 from loopspec_jax.configs.models._common import model_config
@@ -11,10 +12,25 @@ def get_config(arg=None):
   c = base_config()
   c.name = "smoke"
   c.model = model_config(
-      family="huginn", vocab_size=2048, hidden_size=32, num_heads=2, num_kv_heads=2, head_dim=16,
-      intermediate_size=64, n_prelude=1, n_core=1, n_coda=1, recurrence=4, max_len=64, rope_theta=10000.0,
-      rope_interleaved=True, embed_scale=math.sqrt(32), init_std=math.sqrt(2 / (5 * 32)), tie_embeddings=True,
-      eos_id=0)
+      family="huginn",
+      vocab_size=2048,
+      hidden_size=32,
+      num_heads=2,
+      num_kv_heads=2,
+      head_dim=16,
+      intermediate_size=64,
+      n_prelude=1,
+      n_core=1,
+      n_coda=1,
+      recurrence=4,
+      max_len=64,
+      rope_theta=10000.0,
+      rope_interleaved=True,
+      embed_scale=math.sqrt(32),
+      init_std=math.sqrt(2 / (5 * 32)),
+      tie_embeddings=True,
+      eos_id=0,
+  )
   c.steps = 40
   c.batch_size = 4
   c.seq_len = 32

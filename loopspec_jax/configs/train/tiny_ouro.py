@@ -1,4 +1,5 @@
 """tiny-ouro: an Ouro-style looped model (2 shared layers x R = 4, untied head), ~1.7M parameters (~6.7 MB)."""
+
 from loopspec_jax.configs.models._common import model_config
 from loopspec_jax.configs.train._base import base_config
 
@@ -9,9 +10,22 @@ def get_config(arg=None):
   c = base_config()
   c.name = "tiny-ouro"
   c.model = model_config(
-      family="ouro", vocab_size=2048, hidden_size=192, num_heads=6, num_kv_heads=6, head_dim=32,
-      intermediate_size=512, n_prelude=0, n_core=2, n_coda=0, recurrence=4, max_len=256, rope_theta=10000.0,
-      tie_embeddings=False, eos_id=0)
+      family="ouro",
+      vocab_size=2048,
+      hidden_size=192,
+      num_heads=6,
+      num_kv_heads=6,
+      head_dim=32,
+      intermediate_size=512,
+      n_prelude=0,
+      n_core=2,
+      n_coda=0,
+      recurrence=4,
+      max_len=256,
+      rope_theta=10000.0,
+      tie_embeddings=False,
+      eos_id=0,
+  )
   c.objective = "ouro"
   c.ouro_reduce = "mean"
   c.steps = 500

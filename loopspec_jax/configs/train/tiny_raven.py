@@ -1,4 +1,5 @@
 """tiny-raven: a Huginn-style looped model (prelude 1, core 2 x R = 32, coda 1), ~1.2M parameters (~4.6 MB)."""
+
 import math
 
 from loopspec_jax.configs.models._common import model_config
@@ -13,10 +14,25 @@ def get_config(arg=None):
   c = base_config()
   c.name = "tiny-raven"
   c.model = model_config(
-      family="huginn", vocab_size=2048, hidden_size=HIDDEN, num_heads=4, num_kv_heads=4, head_dim=32,
-      intermediate_size=384, n_prelude=1, n_core=2, n_coda=1, recurrence=32, max_len=256, rope_theta=50000.0,
-      rope_interleaved=True, embed_scale=math.sqrt(HIDDEN), init_std=math.sqrt(2 / (5 * HIDDEN)),
-      tie_embeddings=True, eos_id=0)
+      family="huginn",
+      vocab_size=2048,
+      hidden_size=HIDDEN,
+      num_heads=4,
+      num_kv_heads=4,
+      head_dim=32,
+      intermediate_size=384,
+      n_prelude=1,
+      n_core=2,
+      n_coda=1,
+      recurrence=32,
+      max_len=256,
+      rope_theta=50000.0,
+      rope_interleaved=True,
+      embed_scale=math.sqrt(HIDDEN),
+      init_std=math.sqrt(2 / (5 * HIDDEN)),
+      tie_embeddings=True,
+      eos_id=0,
+  )
   c.objective = "raven"
   c.steps = 500
   c.batch_size = 8

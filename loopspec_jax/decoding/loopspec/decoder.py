@@ -1,4 +1,5 @@
 """LoopSpec as a decoder: host-side statistics and `make_decoder` (the jitted loop is `tick.decode_loop`)."""
+
 from __future__ import annotations
 
 import functools
@@ -26,7 +27,10 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
   evals = int(s.gate_evals.sum())
   iters = int(np.asarray(st.iterations))
   return common.DecodeStats(
-      method="loopspec", batch=int(st.n_new.shape[0]), tokens_generated=n, ticks=iters,
+      method="loopspec",
+      batch=int(st.n_new.shape[0]),
+      tokens_generated=n,
+      ticks=iters,
       core_step_calls=iters * d1,
       mean_accepted_length=theory.gamma_from_counts(r, d1, d2, n, second + restart, restart) if n else 0.0,
       tokens_per_r_steps=r * n / max(ticks * d1, 1),
@@ -34,12 +38,24 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
       gate_open_rate=int(s.gate_opens.sum()) / max(evals, 1),
       skipped_spawns=int(s.skipped_first.sum() + s.skipped_second.sum()),
       extras={
-          "d1": d1, "d2": d2, "lane_capacity": shape.n_lanes, "stage_width": shape.width, "request_ticks": ticks, "ticks_max": int(s.ticks.max()),
-          "reject_first": int(s.reject_first.sum()), "gate_evals": evals,
-          "skipped_first": int(s.skipped_first.sum()), "skipped_second": int(s.skipped_second.sum()),
-          "mean_live_lanes": float(s.live_sum.sum()) / max(ticks, 1), "max_live_lanes": int(s.live_max.max()),
-          "per_request": {k: np.asarray(getattr(s, k)).tolist() for k in
-                          ("ticks", "first", "second", "restart", "last_source", "reject_first")}})
+          "d1": d1,
+          "d2": d2,
+          "lane_capacity": shape.n_lanes,
+          "stage_width": shape.width,
+          "request_ticks": ticks,
+          "ticks_max": int(s.ticks.max()),
+          "reject_first": int(s.reject_first.sum()),
+          "gate_evals": evals,
+          "skipped_first": int(s.skipped_first.sum()),
+          "skipped_second": int(s.skipped_second.sum()),
+          "mean_live_lanes": float(s.live_sum.sum()) / max(ticks, 1),
+          "max_live_lanes": int(s.live_max.max()),
+          "per_request": {
+              k: np.asarray(getattr(s, k)).tolist()
+              for k in ("ticks", "first", "second", "restart", "last_source", "reject_first")
+          },
+      },
+  )
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity) -> common.Decoder:
@@ -49,7 +65,13 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, l
   width = S.stage_width(cfg.recurrence, d1, d2, lane_capacity)
   shape = S.PipelineShape(cfg.recurrence, d1, d2, width)
   return common.Decoder(
-      name="loopspec", readout_depths=shape.readouts, cache_group=d1, extra_positions=1, init=S.initial_state,
-      loop=decode_loop, stats=functools.partial(summarize, cfg=cfg, shape=shape),
+      name="loopspec",
+      readout_depths=shape.readouts,
+      cache_group=d1,
+      extra_positions=1,
+      init=S.initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg, shape=shape),
       init_kw={"cfg": cfg, "shape": shape, "greedy": greedy},
-      loop_kw={"cfg": cfg, "shape": shape, "greedy": greedy, "random_init": random_init})
+      loop_kw={"cfg": cfg, "shape": shape, "greedy": greedy, "random_init": random_init},
+  )

@@ -6,6 +6,7 @@ axis of a cache block and every attention read is a dense batched dot over a who
 permutation is an involution (applying it twice gives the identity), so the same gather maps stage order to
 group order and back.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,10 +59,11 @@ def grouped_attend(prefix, spec, prefix_mask, anc_rows, cfg: ModelConfig):
     probs = jax.nn.softmax(jnp.concatenate([sc_p, sc_s, sc_o], axis=-1), axis=-1)
     n = sk.shape[3]
     out = jnp.einsum("gbkqt,gbktd->gbkqd", probs[..., :t].astype(pv.dtype), pv, preferred_element_type=jnp.float32)
-    out = out + jnp.einsum("gbkqn,gbknd->gbkqd", probs[..., t:t + n].astype(sv.dtype), sv,
-                           preferred_element_type=jnp.float32)
+    out = out + jnp.einsum(
+        "gbkqn,gbknd->gbkqd", probs[..., t : t + n].astype(sv.dtype), sv, preferred_element_type=jnp.float32
+    )
     vv = v.reshape(b, g, w, kvh, 1, d).transpose(1, 0, 3, 2, 4, 5).astype(jnp.float32)
-    out = out + (probs[..., t + n:].reshape(g, b, kvh, w, hg, 1) * vv).reshape(g, b, kvh, w * hg, d)
+    out = out + (probs[..., t + n :].reshape(g, b, kvh, w, hg, 1) * vv).reshape(g, b, kvh, w * hg, d)
     out = out.reshape(g, b, kvh, w, hg, d).transpose(1, 0, 3, 2, 4, 5).reshape(b, s, h * d)
     return out.astype(q.dtype)
 
@@ -108,16 +110,19 @@ def commit_entries(cache: kvcache.KVCache, spec, root, pos) -> kvcache.KVCache:
       return buf.at[bi, :, pos].set(src[bi, :, root], mode="promise_in_bounds")
     for i in range(b):
       if lead:
-        entry = jax.lax.dynamic_slice_in_dim(src[:, i:i + 1], root[i], 1, axis=3)
+        entry = jax.lax.dynamic_slice_in_dim(src[:, i : i + 1], root[i], 1, axis=3)
         buf = jax.lax.dynamic_update_slice(buf, entry, (0, i, 0, pos[i], 0))
       else:  # [B, KV, T, D] <- [B, KV, N, D]
-        entry = jax.lax.dynamic_slice_in_dim(src[i:i + 1], root[i], 1, axis=2)
+        entry = jax.lax.dynamic_slice_in_dim(src[i : i + 1], root[i], 1, axis=2)
         buf = jax.lax.dynamic_update_slice(buf, entry, (i, 0, pos[i], 0))
     return buf
 
   moved = lambda dst, src, lead: tuple(tuple(move(d, s, lead) for d, s in zip(dp, sp)) for dp, sp in zip(dst, src))
-  return cache.replace(prelude=moved(cache.prelude, spec.prelude, False), core=moved(cache.core, spec.core, True),
-                       coda=moved(cache.coda, spec.coda, True))
+  return cache.replace(
+      prelude=moved(cache.prelude, spec.prelude, False),
+      core=moved(cache.core, spec.core, True),
+      coda=moved(cache.coda, spec.coda, True),
+  )
 
 
 def allocate_lanes(want1, want2):

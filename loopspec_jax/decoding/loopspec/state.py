@@ -9,6 +9,7 @@ with dense batched dots instead of per-lane gathers (see `lanes.grouped_attend`)
 
 Logical axes are declared on every field (`parallel.logical.axes_field`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +33,7 @@ LANE = ("batch", "lanes")
 @dataclasses.dataclass(frozen=True)
 class PipelineShape:
   """Static shape of the pipeline: R, d1, optional d2, and W lanes per stage."""
+
   recurrence: int
   d1: int
   d2: Optional[int]
@@ -57,6 +59,7 @@ class PipelineShape:
 @flax.struct.dataclass
 class LaneTable:
   """Per request (leading axis B), N lanes by stable id (stage * W + w)."""
+
   alive: jax.Array = axes_field(*LANE)  # [B, N] bool
   pos: jax.Array = axes_field(*LANE)  # [B, N] position of the lane's input token
   token: jax.Array = axes_field(*LANE)  # [B, N] input token
@@ -75,6 +78,7 @@ class LaneTable:
 @flax.struct.dataclass
 class SpecKV:
   """Speculative keys/values of the lanes by stable id, laid out like `kvcache.KVCache` with N for T."""
+
   prelude: tuple = axes_field("batch", "kv_heads", "lanes", "head_dim")  # n_prelude x (k, v) [B, KV, N, D]
   core: tuple = axes_field("groups", "batch", "kv_heads", "lanes", "head_dim")  # (d1 n_core) x [G, B, KV, N, D]
   coda: tuple = axes_field("readouts", "batch", "kv_heads", "lanes", "head_dim")  # n_coda x [nR, B, KV, N, D]
@@ -83,6 +87,7 @@ class SpecKV:
 @flax.struct.dataclass
 class LoopSpecStats:
   """Per-request counters, [B] each."""
+
   ticks: jax.Array = axes_field("batch")
   first: jax.Array = axes_field("batch")  # commits whose next lane is the first-proposal child
   second: jax.Array = axes_field("batch")  # ... the second-proposal child
@@ -145,8 +150,9 @@ def default_capacity(r: int, d1: int, d2: Optional[int]) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy"))
-def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape,
-                  greedy: bool) -> LoopSpecState:
+def initial_state(
+    cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape, greedy: bool
+) -> LoopSpecState:
   """One root lane per request carrying the last prompt token from depth 0 (in the stage of group 0 at
   tick 0); empty speculative stores; q1/q2 of width V only when sampling."""
   b = tokens.shape[0]
@@ -157,20 +163,52 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
   bi = jnp.arange(b)
   v = 0 if greedy else cfg.vocab_size
   lanes = LaneTable(
-      alive=jnp.zeros((b, n), bool).at[:, root].set(True), pos=zeros_i.at[:, root].set(lengths - 1),
-      token=zeros_i.at[:, root].set(tokens[bi, lengths - 1]), parent=zeros_i - 1, prop=zeros_i,
-      anc=jnp.zeros((b, n, n), bool), s=jnp.zeros((b, n, cfg.hidden_size), dt),
-      e=jnp.zeros((b, n, cfg.hidden_size), dt), x1=zeros_i - 1, x2=zeros_i - 1, gate=jnp.zeros((b, n), bool),
-      q1=jnp.zeros((b, n, v), jnp.float32), q2=jnp.zeros((b, n, v), jnp.float32))
+      alive=jnp.zeros((b, n), bool).at[:, root].set(True),
+      pos=zeros_i.at[:, root].set(lengths - 1),
+      token=zeros_i.at[:, root].set(tokens[bi, lengths - 1]),
+      parent=zeros_i - 1,
+      prop=zeros_i,
+      anc=jnp.zeros((b, n, n), bool),
+      s=jnp.zeros((b, n, cfg.hidden_size), dt),
+      e=jnp.zeros((b, n, cfg.hidden_size), dt),
+      x1=zeros_i - 1,
+      x2=zeros_i - 1,
+      gate=jnp.zeros((b, n), bool),
+      q1=jnp.zeros((b, n, v), jnp.float32),
+      q2=jnp.zeros((b, n, v), jnp.float32),
+  )
   layout = kvcache.CacheLayout.of(cfg, len(shape.readouts), shape.d1)
   kv = (b, cfg.num_kv_heads, n, cfg.head_dim)
   pair = lambda lead: (jnp.zeros(lead + kv, dt), jnp.zeros(lead + kv, dt))
-  spec = SpecKV(prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
-                core=tuple(pair((g,)) for _ in range(shape.d1 * layout.n_core)),
-                coda=tuple(pair((len(shape.readouts),)) for _ in range(layout.n_coda)))
+  spec = SpecKV(
+      prelude=tuple(pair(()) for _ in range(layout.n_prelude)),
+      core=tuple(pair((g,)) for _ in range(shape.d1 * layout.n_core)),
+      coda=tuple(pair((len(shape.readouts),)) for _ in range(layout.n_coda)),
+  )
   zb = jnp.zeros((b,), jnp.int32)
-  stats = LoopSpecStats(ticks=zb, first=zb, second=zb, restart=zb, last_source=zb, reject_first=zb,
-                        gate_evals=zb, gate_opens=zb, skipped_first=zb, skipped_second=zb, live_sum=zb,
-                        live_max=zb)
-  return LoopSpecState(cache=cache, spec=spec, lanes=lanes, stats=stats, tokens=tokens, length=lengths, n_new=zb,
-                       done=jnp.zeros((b,), bool), limit=lengths + sp.max_new - 1, iterations=jnp.int32(0))
+  stats = LoopSpecStats(
+      ticks=zb,
+      first=zb,
+      second=zb,
+      restart=zb,
+      last_source=zb,
+      reject_first=zb,
+      gate_evals=zb,
+      gate_opens=zb,
+      skipped_first=zb,
+      skipped_second=zb,
+      live_sum=zb,
+      live_max=zb,
+  )
+  return LoopSpecState(
+      cache=cache,
+      spec=spec,
+      lanes=lanes,
+      stats=stats,
+      tokens=tokens,
+      length=lengths,
+      n_new=zb,
+      done=jnp.zeros((b,), bool),
+      limit=lengths + sp.max_new - 1,
+      iterations=jnp.int32(0),
+  )

@@ -13,6 +13,7 @@ Shapes: B requests, G = R / d1 stages of W lanes (N = G * W), E hidden, V vocabu
 Random draws use per-(request, position, purpose) keys (`sampling.request_key`), so outputs do not depend
 on batch layout or scheduling.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,14 +27,22 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.loopspec import lanes as L
-from loopspec_jax.decoding.loopspec.state import (LaneTable, LoopSpecState, LoopSpecStats, PipelineShape,
-                                                  PROP_FIRST, PROP_RESTART, PROP_SECOND)
+from loopspec_jax.decoding.loopspec.state import (
+    LaneTable,
+    LoopSpecState,
+    LoopSpecStats,
+    PipelineShape,
+    PROP_FIRST,
+    PROP_RESTART,
+    PROP_SECOND,
+)
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 
 
 class Advanced(NamedTuple):
   """What `advance` returns: states in stage order, endpoint logits in readout order, the new KV stores."""
+
   s: jax.Array  # [B, N, E]
   e: jax.Array  # [B, N, E]
   logits: jax.Array  # [B, nR * W, V] float32: rows of readout r at r * W .. r * W + W - 1
@@ -53,8 +62,9 @@ class Drafts(NamedTuple):
   x2: jax.Array  # [B, W]
 
 
-def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape,
-            random_init: bool) -> Advanced:
+def advance(
+    params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, random_init: bool
+) -> Advanced:
   """Moves every lane d1 recurrent steps deeper: pre (group 0), d1 core steps (all N rows), post (endpoints).
 
   Rows are in group order (`lanes.group_rows`); prefix reads are whole-buffer batched dots.
@@ -101,12 +111,12 @@ def advance(params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConf
   for l in range(k.shape[0]):
     coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), k[l], v[l])
   back = rows  # the row permutation is an involution: the same gather returns to stage order
-  return Advanced(s=s[:, back], e=e[:, back], logits=logits,
-                  spec=spec.replace(prelude=prelude, core=core, coda=coda))
+  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=spec.replace(prelude=prelude, core=core, coda=coda))
 
 
-def core_steps(params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, e, pos,
-               anc):
+def core_steps(
+    params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, e, pos, anc
+):
   """d1 core steps of the lanes in the first `cols` columns of every stage (rows in group order).
 
   s, e [B, N, E], pos [B, N], anc [B, N, N]. Sub-step j of group g is recurrent step g * d1 + j: the lanes of
@@ -117,14 +127,20 @@ def core_steps(params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: P
   g, w = shape.n_groups, shape.width
   b, n = pos.shape
   sub = lambda x: x.reshape((b, g, w) + x.shape[2:])[:, :, :cols].reshape((b, g * cols) + x.shape[2:])
-  full = lambda x: (x if cols == w else
-                    jnp.zeros((b, g, w) + x.shape[2:], x.dtype).at[:, :, :cols].set(
-                        x.reshape((b, g, cols) + x.shape[2:])).reshape((b, n) + x.shape[2:]))
+  full = lambda x: (
+      x
+      if cols == w
+      else jnp.zeros((b, g, w) + x.shape[2:], x.dtype)
+      .at[:, :, :cols]
+      .set(x.reshape((b, g, cols) + x.shape[2:]))
+      .reshape((b, n) + x.shape[2:])
+  )
   x, e_c, pos_c, anc_c = sub(s), sub(e), sub(pos), sub(anc)
   ks, vs = [], []
   for j in range(shape.d1):
-    ctx = lambda l: L.grouped_attend(cache.core[j * cfg.n_core + l], spec_core[j * cfg.n_core + l], prefix_mask,
-                                     anc_c, cfg)
+    ctx = lambda l: L.grouped_attend(
+        cache.core[j * cfg.n_core + l], spec_core[j * cfg.n_core + l], prefix_mask, anc_c, cfg
+    )
     x, k, v = M.core_step(params, x, e_c, pos_c, None, ctx, cfg)
     ks += [full(k[l]) for l in range(k.shape[0])]
     vs += [full(v[l]) for l in range(v.shape[0])]
@@ -136,8 +152,7 @@ def core_steps(params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: P
 
 def distributions(logits, sp: common.SamplingParams):
   """The shared logits processing (temperature, top-k, top-p) of sampled decoding, [..., V] float32."""
-  return sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k,
-                                 top_p=sp.top_p)
+  return sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)
 
 
 def lane_keys(sp: common.SamplingParams, pos, purpose):
@@ -146,8 +161,9 @@ def lane_keys(sp: common.SamplingParams, pos, purpose):
   return jax.vmap(lambda rid, ps: jax.vmap(lambda p: f(rid, p))(ps))(sp.request_ids, pos)
 
 
-def verify_root(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape,
-                greedy: bool) -> Verified:
+def verify_root(
+    st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape, greedy: bool
+) -> Verified:
   """Cascade verification of the root, the one live lane at depth R (group G - 1).
 
   dist: the endpoint rows' processed distributions [B, nR * W, V] (None when greedy)."""
@@ -155,7 +171,7 @@ def verify_root(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParam
   g, w = shape.n_groups, shape.width
   b = ln.alive.shape[0]
   bi = jnp.arange(b)
-  last = L.group_rows(st.iterations, g, w)[(g - 1) * w:]  # [W] ids of the lanes at depth R
+  last = L.group_rows(st.iterations, g, w)[(g - 1) * w :]  # [W] ids of the lanes at depth R
   at_r = ln.alive[:, last] & ~st.done[:, None]
   has_root = jnp.any(at_r, axis=1)
   root_w = jnp.argmax(at_r, axis=1)
@@ -167,9 +183,9 @@ def verify_root(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParam
     stage = jnp.where(y == x1, 1, jnp.where(gate & (y == x2), 2, 0))
   else:
     keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p + 1, sampling.PURPOSE_VERIFY))(
-        sp.request_ids, ln.pos[bi, root])
-    y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, ln.q1[bi, root], gate, x2,
-                                               ln.q2[bi, root])
+        sp.request_ids, ln.pos[bi, root]
+    )
+    y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, ln.q1[bi, root], gate, x2, ln.q2[bi, root])
   return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32))
 
 
@@ -182,8 +198,9 @@ def commit(st: LoopSpecState, spec, ver: Verified, sp: common.SamplingParams):
   # The commit index depends on y, i.e. on every read of this tick: the writes are ordered after them.
   cache = L.commit_entries(st.cache, spec, ver.root, jnp.where(ver.has_root & (ver.y >= 0), root_pos, t - 1))
   n_commit = ver.has_root.astype(jnp.int32)
-  tokens, length, n_new, done, _ = common.commit_tokens(st.tokens, st.length, st.n_new, st.done, ver.y[:, None],
-                                                        n_commit, sp)
+  tokens, length, n_new, done, _ = common.commit_tokens(
+      st.tokens, st.length, st.n_new, st.done, ver.y[:, None], n_commit, sp
+  )
   return cache, tokens, length, n_new, done
 
 
@@ -193,8 +210,7 @@ def prune(ln: LaneTable, ver: Verified, done):
   b, n = ln.alive.shape
   bi = jnp.arange(b)
   want = jnp.where(ver.stage == 1, PROP_FIRST, jnp.where(ver.stage == 2, PROP_SECOND, -1))
-  is_child = (ln.alive & (ln.parent == ver.root[:, None]) & (ln.prop == want[:, None])
-              & (ln.token == ver.y[:, None]))
+  is_child = ln.alive & (ln.parent == ver.root[:, None]) & (ln.prop == want[:, None]) & (ln.token == ver.y[:, None])
   kept_found = jnp.any(is_child, axis=1) & ver.has_root
   kept = jnp.argmax(is_child, axis=1)
   subtree = (jnp.arange(n)[None, :] == kept[:, None]) | ln.anc[bi, :, kept]
@@ -219,22 +235,30 @@ def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, sha
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, ids1].set(q1))
   if shape.d2 is None:
     return ln, Drafts(x1=x1, gate=jnp.zeros_like(x1, bool), x2=x1)
-  ids2 = rows[shape.endpoint_groups[1] * w:][:w]
-  lg2 = adv.logits[:, w:2 * w]
+  ids2 = rows[shape.endpoint_groups[1] * w :][:w]
+  lg2 = adv.logits[:, w : 2 * w]
   if greedy:
     x2 = sampling.greedy_token(lg2)
     gate = x2 != ln.x1[:, ids2]
     ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), gate=ln.gate.at[:, ids2].set(gate))
   else:
     keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
-    gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, ln.q1[:, ids2], ln.x1[:, ids2],
-                                                              dist[:, w:2 * w])
+    gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, ln.q1[:, ids2], ln.x1[:, ids2], dist[:, w : 2 * w])
     ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), q2=ln.q2.at[:, ids2].set(q2), gate=ln.gate.at[:, ids2].set(gate))
   return ln, Drafts(x1=x1, gate=gate, x2=x2)
 
 
-def spawn(st: LoopSpecState, ln: LaneTable, survive, kept_found, ver: Verified, dr: Drafts, length_before,
-          done, shape: PipelineShape):
+def spawn(
+    st: LoopSpecState,
+    ln: LaneTable,
+    survive,
+    kept_found,
+    ver: Verified,
+    dr: Drafts,
+    length_before,
+    done,
+    shape: PipelineShape,
+):
   """New lanes into the new stage (the rows the root's stage frees): children of surviving proposers, first
   proposals first; or, when no child was kept, a restart carrying y from depth 0. Returns (lanes,
   skipped_first, skipped_second, gate_evals, gate_opens)."""
@@ -243,8 +267,8 @@ def spawn(st: LoopSpecState, ln: LaneTable, survive, kept_found, ver: Verified, 
   bi = jnp.arange(b)[:, None]
   rows = L.group_rows(st.iterations, g, w)
   ids1 = rows[:w]
-  ids2 = rows[shape.endpoint_groups[1] * w:][:w] if shape.d2 is not None else ids1
-  new_ids = rows[(g - 1) * w:]  # the root's stage: free after this tick's verification
+  ids2 = rows[shape.endpoint_groups[1] * w :][:w] if shape.d2 is not None else ids1
+  new_ids = rows[(g - 1) * w :]  # the root's stage: free after this tick's verification
   ok = lambda ids: survive[:, ids] & (ln.pos[:, ids] + 1 < st.limit[:, None])
   want1 = ok(ids1)
   want2 = ok(ids2) & dr.gate if shape.d2 is not None else jnp.zeros_like(want1)
@@ -261,12 +285,16 @@ def spawn(st: LoopSpecState, ln: LaneTable, survive, kept_found, ver: Verified, 
   put = lambda old, val: old.at[:, new_ids].set(jnp.where(new, val, old[:, new_ids]))
   gate = ln.gate.at[:, ids2].set(ln.gate[:, ids2] & (granted2 | ~want2)) if shape.d2 is not None else ln.gate
   lanes = ln.replace(
-      alive=put(survive, new), anc=anc,
+      alive=put(survive, new),
+      anc=anc,
       pos=put(ln.pos, jnp.where(assigned, ln.pos[bi, parent] + 1, length_before[:, None])),
       token=put(ln.token, jnp.where(assigned, child_tok, ver.y[:, None])),
       parent=put(ln.parent, jnp.where(assigned, parent, -1)),
       prop=put(ln.prop, jnp.where(assigned, jnp.where(from_second, PROP_SECOND, PROP_FIRST), PROP_RESTART)),
-      gate=put(gate, False), x1=put(ln.x1, -1), x2=put(ln.x2, -1))
+      gate=put(gate, False),
+      x1=put(ln.x1, -1),
+      x2=put(ln.x2, -1),
+  )
   skipped1 = jnp.sum(want1 & ~granted1, axis=1)
   skipped2 = jnp.sum(want2 & ~granted2, axis=1)
   return lanes, skipped1, skipped2
@@ -279,12 +307,19 @@ def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, op
   c = lambda x: x.astype(jnp.int32)
   hr = ver.has_root
   return LoopSpecStats(
-      ticks=ss.ticks + c(active), first=ss.first + c(hr & (source == PROP_FIRST)),
-      second=ss.second + c(hr & (source == PROP_SECOND)), restart=ss.restart + c(hr & (source == PROP_RESTART)),
-      last_source=jnp.where(hr, source, ss.last_source), reject_first=ss.reject_first + c(hr & (ver.stage != 1)),
-      gate_evals=ss.gate_evals + jnp.sum(at_d2, axis=1), gate_opens=ss.gate_opens + jnp.sum(opens, axis=1),
-      skipped_first=ss.skipped_first + skipped1, skipped_second=ss.skipped_second + skipped2,
-      live_sum=ss.live_sum + live, live_max=jnp.maximum(ss.live_max, live))
+      ticks=ss.ticks + c(active),
+      first=ss.first + c(hr & (source == PROP_FIRST)),
+      second=ss.second + c(hr & (source == PROP_SECOND)),
+      restart=ss.restart + c(hr & (source == PROP_RESTART)),
+      last_source=jnp.where(hr, source, ss.last_source),
+      reject_first=ss.reject_first + c(hr & (ver.stage != 1)),
+      gate_evals=ss.gate_evals + jnp.sum(at_d2, axis=1),
+      gate_opens=ss.gate_opens + jnp.sum(opens, axis=1),
+      skipped_first=ss.skipped_first + skipped1,
+      skipped_second=ss.skipped_second + skipped2,
+      live_sum=ss.live_sum + live,
+      live_max=jnp.maximum(ss.live_max, live),
+  )
 
 
 def commit_source(ver: Verified, kept_found, newly_done):
@@ -294,8 +329,9 @@ def commit_source(ver: Verified, kept_found, newly_done):
   return jnp.where(newly_done, by_stage, kept)
 
 
-def make_tick(params, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, greedy: bool,
-              random_init: bool):
+def make_tick(
+    params, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, greedy: bool, random_init: bool
+):
   """The while_loop body: one tick of the LoopSpec pipeline for every request (`params` in decode form)."""
   w = shape.width
 
@@ -310,20 +346,38 @@ def make_tick(params, sp: common.SamplingParams, cfg: ModelConfig, shape: Pipeli
     lanes, skipped1, skipped2 = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
     rows = L.group_rows(st.iterations, shape.n_groups, w)
     if shape.d2 is not None:
-      at_d2 = st.lanes.alive[:, rows[shape.endpoint_groups[1] * w:][:w]] & ~st.done[:, None]
+      at_d2 = st.lanes.alive[:, rows[shape.endpoint_groups[1] * w :][:w]] & ~st.done[:, None]
     else:
       at_d2 = jnp.zeros((st.lanes.alive.shape[0], w), bool)
     source = commit_source(ver, kept_found, done & ~st.done)
     stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2)
-    return LoopSpecState(cache=cache, spec=adv.spec, lanes=lanes, stats=stats, tokens=tokens, length=length,
-                         n_new=n_new, done=done, limit=st.limit, iterations=st.iterations + 1)
+    return LoopSpecState(
+        cache=cache,
+        spec=adv.spec,
+        lanes=lanes,
+        stats=stats,
+        tokens=tokens,
+        length=length,
+        n_new=n_new,
+        done=done,
+        limit=st.limit,
+        iterations=st.iterations + 1,
+    )
 
   return tick
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy", "random_init"), donate_argnames=("state",))
-def decode_loop(params, state: LoopSpecState, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape,
-                greedy: bool, random_init: bool):
+def decode_loop(
+    params,
+    state: LoopSpecState,
+    sp: common.SamplingParams,
+    *,
+    cfg: ModelConfig,
+    shape: PipelineShape,
+    greedy: bool,
+    random_init: bool,
+):
   """Ticks until every request is done; the loop never returns to the host."""
   tick = make_tick(M.prepare_params(params, cfg), sp, cfg, shape, greedy, random_init)
   return common.loop_until_done(tick, state)

@@ -1,0 +1,52 @@
+"""Lane bookkeeping of the LoopSpec engine on hand-made arrays (no model): spawn placement and the stage clock."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loopspec_jax.decoding.loopspec import lanes
+
+
+def _allocate(want1, want2):
+  out = lanes.allocate_lanes(jnp.asarray(want1, bool), jnp.asarray(want2, bool))
+  return [np.asarray(x) for x in out]
+
+
+def test_first_proposals_fill_rows_in_order_before_second_ones():
+  # Request 0: one first proposal (row 1) and one second proposal (row 0): both fit, first proposal first.
+  # Request 1: two first proposals fill the stage; its second proposal is skipped.
+  # Request 2: nothing requested.
+  assigned, src, granted1, granted2 = _allocate([[0, 1], [1, 1], [0, 0]], [[1, 0], [1, 0], [0, 0]])
+  np.testing.assert_array_equal(assigned, [[1, 1], [1, 1], [0, 0]])
+  np.testing.assert_array_equal(src[:2], [[1, 2], [0, 1]])  # sources: first 0..W-1, second W..2W-1
+  np.testing.assert_array_equal(granted1, [[0, 1], [1, 1], [0, 0]])
+  np.testing.assert_array_equal(granted2, [[1, 0], [0, 0], [0, 0]])
+
+
+def test_second_proposals_only_take_rows_left_free():
+  want1 = [[1, 0, 0]]
+  want2 = [[0, 1, 1]]
+  assigned, src, granted1, granted2 = _allocate(want1, want2)
+  np.testing.assert_array_equal(assigned, [[1, 1, 1]])
+  np.testing.assert_array_equal(src, [[0, 4, 5]])
+  np.testing.assert_array_equal(granted2, [[0, 1, 1]])
+  # One row only: the first proposal wins, every second proposal is skipped.
+  assigned, src, granted1, granted2 = _allocate([[1]], [[1]])
+  np.testing.assert_array_equal(assigned, [[1]])
+  np.testing.assert_array_equal(src, [[0]])
+  np.testing.assert_array_equal(granted1, [[1]])
+  np.testing.assert_array_equal(granted2, [[0]])
+
+
+@pytest.mark.parametrize("n_groups,width", [(2, 1), (4, 2), (16, 2), (8, 3)])
+def test_group_rows_is_an_involution_and_advances_one_group_per_tick(n_groups, width):
+  for t in range(2 * n_groups + 1):
+    rows = np.asarray(lanes.group_rows(jnp.int32(t), n_groups, width))
+    np.testing.assert_array_equal(np.sort(rows), np.arange(n_groups * width))  # a permutation
+    np.testing.assert_array_equal(rows[rows], np.arange(n_groups * width))  # its own inverse
+    stages = np.asarray(lanes.stage_of_group(jnp.int32(t), n_groups))
+    nxt = np.asarray(lanes.stage_of_group(jnp.int32(t + 1), n_groups))
+    # The stage at depth group g during tick t is at group g + 1 during tick t + 1; lanes spawned at tick t
+    # (stage t mod G) are at group 0 during tick t + 1.
+    np.testing.assert_array_equal(nxt[1:], stages[:-1])
+    assert nxt[0] == t % n_groups
