@@ -373,16 +373,8 @@ def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: 
   sp = common.make_sampling_params(len(prompts), max_new, 0.8, 0, 1.0, 0, None)
 
   def build(params, prompt_arr, len_arr, sp):
-    cache, tokens = common.prefill_state(
-        params,
-        prompt_arr,
-        len_arr,
-        sp,
-        cfg=cfg,
-        readout_depths=decoder.readout_depths,
-        total_len=total + decoder.extra_positions,
-        random_init=random_init,
-        cache_group=decoder.cache_group,
+    cache, tokens = common.prefill_for(
+        decoder, params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init
     )
     return decoder.init(cache, tokens, len_arr, sp, **decoder.init_kw)
 

@@ -23,7 +23,7 @@ from helpers import PROMPTS, tiny_model
 
 CONTRACTION = 0.6
 N_NEW = 20  # with PROMPTS: the (16, 32) length bucket
-# (spec, d1, d2): per family one two-proposal pair and the single proposal; more pairs are slow. Pairs with
+# (spec, d1, d2): per family one two-proposal pair (the single proposal for two); more pairs are slow. Pairs with
 # d2 >= R/2 (or d1 > 1) keep second-proposal branches from nesting, so a bounded capacity skips no spawn.
 LOOPSPEC = [
     ("ouro:tiny", 1, 2),
@@ -31,14 +31,26 @@ LOOPSPEC = [
     ("huginn:tiny", 2, 4),
     ("huginn:tiny", 2, None),
     ("raven_llama:tiny", 2, 6),
-    ("raven_llama:tiny", 4, None),
     ("raven_olmo:tiny", 1, 4),
+]
+LOOPSPEC_SLOW = [
+    ("ouro:tiny", 1, 3),
+    ("huginn:tiny", 1, 4),
+    ("raven_llama:tiny", 1, 6),
+    ("raven_olmo:tiny", 2, 4),
+    ("raven_llama:tiny", 4, None),
     ("raven_olmo:tiny", 1, None),
 ]
-LOOPSPEC_SLOW = [("ouro:tiny", 1, 3), ("huginn:tiny", 1, 4), ("raven_llama:tiny", 1, 6), ("raven_olmo:tiny", 2, 4)]
 # (spec, d1, gamma)
-CHAIN = [("ouro:tiny", 1, 3), ("huginn:tiny", 2, 2), ("raven_llama:tiny", 1, 4), ("raven_olmo:tiny", 2, 3)]
-CHAIN_SLOW = [("ouro:tiny", 2, 1), ("huginn:tiny", 1, 5), ("raven_llama:tiny", 4, 2), ("raven_olmo:tiny", 1, 2)]
+CHAIN = [("ouro:tiny", 1, 3), ("huginn:tiny", 2, 2)]
+CHAIN_SLOW = [
+    ("raven_llama:tiny", 1, 4),
+    ("raven_olmo:tiny", 2, 3),
+    ("ouro:tiny", 2, 1),
+    ("huginn:tiny", 1, 5),
+    ("raven_llama:tiny", 4, 2),
+    ("raven_olmo:tiny", 1, 2),
+]
 
 
 def ar_reference(spec):

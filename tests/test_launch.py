@@ -11,6 +11,9 @@ from loopspec_jax.parallel import distributed
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+V5E16 = {"NAME": "ls-test", "ZONE": "us-west4-a", "ACCELERATOR": "v5litepod-16", "KEEP": "0", "EXISTING": "0"}
+
+
 def _run(script, *args, **env):
   out = subprocess.run(
       ["bash", os.path.join(_ROOT, "launch", script), *args],
@@ -38,11 +41,7 @@ def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
       "--dry-run",
       "experiments.batch_bench",
       "--config.max_new_tokens=16",
-      NAME="ls-test",
-      ZONE="us-west4-a",
-      ACCELERATOR="v5litepod-16",
-      KEEP="0",
-      EXISTING="0",
+      **V5E16,
   )
   assert out.returncode == 0, out.stderr
   cmds = [l for l in out.stdout.splitlines() if l.startswith("+ ")]

@@ -146,16 +146,8 @@ def _family_part(family: str, part: str, report: dict):
   cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
   dec = plan_memory.make_decoder(cfg, "loopspec", d1, d2, cap, greedy=True)
   traces0 = sum(sharding.TRACES.values())
-  cache, tokens = sharding.entry(common.prefill_state, mesh)(
-      params,
-      prompt_arr,
-      len_arr,
-      sp,
-      cfg=cfg,
-      readout_depths=dec.readout_depths,
-      total_len=total + dec.extra_positions,
-      random_init=False,
-      cache_group=dec.cache_group,
+  cache, tokens = common.prefill_for(
+      dec, params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False, mesh=mesh
   )
   st = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
   report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0

@@ -94,15 +94,7 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
 
 def summarize(st: DecodeState, cfg: ModelConfig) -> common.DecodeStats:
   n = int(np.asarray(st.n_new).sum())
-  iters = int(np.asarray(st.iterations))
-  return common.DecodeStats(
-      method="ar",
-      batch=int(st.n_new.shape[0]),
-      tokens_generated=n,
-      ticks=iters,
-      core_step_calls=iters * cfg.recurrence,
-      commits={"first": 0, "second": 0, "restart": n},
-  )
+  return common.DecodeStats.of_loop("ar", st, cfg.recurrence, commits={"first": 0, "second": 0, "restart": n})
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:

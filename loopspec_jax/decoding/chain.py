@@ -160,14 +160,11 @@ def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.D
   n = int(np.asarray(st.n_new).sum())
   rounds = int(np.asarray(st.rounds).sum())
   accepted = int(np.asarray(st.accepted).sum())
-  iters = int(np.asarray(st.iterations))
   seq_steps = theory.chain_round_steps(r, d1, gamma)
-  return common.DecodeStats(
-      method="chain",
-      batch=int(st.n_new.shape[0]),
-      tokens_generated=n,
-      ticks=iters,
-      core_step_calls=iters * seq_steps,
+  return common.DecodeStats.of_loop(
+      "chain",
+      st,
+      seq_steps,
       mean_accepted_length=theory.chain_accepted_length(r, d1, gamma, n, rounds),
       tokens_per_r_steps=n * r / max(rounds * seq_steps, 1),
       commits={"first": accepted, "second": 0, "restart": n - accepted},

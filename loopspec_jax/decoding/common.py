@@ -217,6 +217,19 @@ class DecodeStats:
   skipped_spawns: int = 0
   extras: dict = dataclasses.field(default_factory=dict)  # method-specific fields (d1, gamma, lanes, ...)
 
+  @classmethod
+  def of_loop(cls, method: str, state, steps_per_iteration: int, **fields) -> "DecodeStats":
+    """The fields every final loop state gives (batch, tokens, iterations); the method's own as keywords."""
+    iters = int(np.asarray(state.iterations))
+    return cls(
+        method=method,
+        batch=int(state.n_new.shape[0]),
+        tokens_generated=int(np.asarray(state.n_new).sum()),
+        ticks=iters,
+        core_step_calls=iters * steps_per_iteration,
+        **fields,
+    )
+
   def as_dict(self) -> dict:
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
     out.update(self.extras)
@@ -252,6 +265,32 @@ class Decoder:
   loop_kw: dict = dataclasses.field(default_factory=dict)
 
 
+def prefill_for(
+    decoder: Decoder,
+    params,
+    prompt_arr,
+    len_arr,
+    sp: SamplingParams,
+    *,
+    cfg: ModelConfig,
+    total: int,
+    random_init: bool,
+    mesh=None,
+):
+  """`prefill_state` with the cache a decoder needs (its readout depths, block size and extra positions)."""
+  return sharding.entry(prefill_state, mesh)(
+      params,
+      prompt_arr,
+      len_arr,
+      sp,
+      cfg=cfg,
+      readout_depths=decoder.readout_depths,
+      total_len=total + decoder.extra_positions,
+      random_init=random_init,
+      cache_group=decoder.cache_group,
+  )
+
+
 def run_decoder(
     decoder: Decoder,
     params,
@@ -266,16 +305,8 @@ def run_decoder(
 ) -> GenerateResult:
   """Prefill, build the loop state, run the loop, time both phases and collect tokens and stats."""
   t0 = time.perf_counter()
-  cache, tokens = sharding.entry(prefill_state, mesh)(
-      params,
-      prompt_arr,
-      len_arr,
-      sp,
-      cfg=cfg,
-      readout_depths=decoder.readout_depths,
-      total_len=total + decoder.extra_positions,
-      random_init=random_init,
-      cache_group=decoder.cache_group,
+  cache, tokens = prefill_for(
+      decoder, params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
   )
   jax.block_until_ready(cache)
   t1 = time.perf_counter()

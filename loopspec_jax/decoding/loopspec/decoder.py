@@ -25,13 +25,10 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
   first, second, restart = int(s.first.sum()), int(s.second.sum()), int(s.restart.sum())
   ticks = int(s.ticks.sum())
   evals = int(s.gate_evals.sum())
-  iters = int(np.asarray(st.iterations))
-  return common.DecodeStats(
-      method="loopspec",
-      batch=int(st.n_new.shape[0]),
-      tokens_generated=n,
-      ticks=iters,
-      core_step_calls=iters * d1,
+  return common.DecodeStats.of_loop(
+      "loopspec",
+      st,
+      d1,
       mean_accepted_length=theory.gamma_from_counts(r, d1, d2, n, second + restart, restart) if n else 0.0,
       tokens_per_r_steps=r * n / max(ticks * d1, 1),
       commits={"first": first, "second": second, "restart": restart},
