@@ -196,7 +196,7 @@ class DecodeStats:
   """Statistics of one `generate` call; the first fields are the same for every method.
 
   mean_accepted_length: tokens per full R-step execution, R * tokens / (recurrent steps on the critical
-  path): 1 for AR; the release's cost identity for LoopSpec; R / ((gamma+1) d1 + R - d1) tokens per round
+  path): 1 for AR; the release's cost identity for LoopSpec; R * tokens / (rounds * ((gamma+1) d1 + R - d1))
   for chain. commits: where each committed token's next lane came from (first / second proposal, or a
   restart at depth 0; AR commits are all restarts, chain's accepted drafts are 'first').
   """
