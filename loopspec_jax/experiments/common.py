@@ -34,6 +34,7 @@ import numpy as np
 import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax import configs
+from loopspec_jax.analysis import depth_metrics
 from loopspec_jax.analysis import theory
 from loopspec_jax.configs import models as model_configs
 
@@ -175,6 +176,19 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
     cfg = model_configs.model_config(spec[len("random:") :], dtype=dtype)
     return api.from_config(cfg, seed=seed, contraction=contraction)
   return loopspec_jax.load(spec, dtype=dtype)
+
+
+def prompts_for(cfg, task: str, model) -> list:
+  """The prompts of `task` as a depth / sweep config asks for them (count, length, seed, token cut)."""
+  return depth_metrics.prepare_prompts(
+      task,
+      model,
+      cfg.num_prompts,
+      max_new_tokens=cfg.max_new_tokens,
+      prompt_len=cfg.prompt_len,
+      seed=cfg.seed,
+      max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
+  )
 
 
 def model_identity(cfg) -> dict:

@@ -41,15 +41,7 @@ def run_depths(cfg, model=None) -> dict:
   jsonl = os.path.join(cfg.out_dir, "depths.jsonl")
   out = {}
   for task in common.split_list(cfg.tasks):
-    prompts = DA.prepare_prompts(
-        task,
-        model,
-        cfg.num_prompts,
-        max_new_tokens=cfg.max_new_tokens,
-        prompt_len=cfg.prompt_len,
-        seed=cfg.seed,
-        max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
-    )
+    prompts = common.prompts_for(cfg, task, model)
     for samp in common.split_list(cfg.samplings):
       sampling = dict(cfg.sampling_settings[samp])
       key = DA.run_key(

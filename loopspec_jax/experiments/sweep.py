@@ -240,15 +240,7 @@ def run_sweep(cfg, model=None) -> dict:
     prompts_by_task = {}
     for task, samp in groups:
       if task not in prompts_by_task:
-        prompts_by_task[task] = DA.prepare_prompts(
-            task,
-            model,
-            cfg.num_prompts,
-            max_new_tokens=cfg.max_new_tokens,
-            prompt_len=cfg.prompt_len,
-            seed=cfg.seed,
-            max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
-        )
+        prompts_by_task[task] = common.prompts_for(cfg, task, model)
       prompts = prompts_by_task[task]
       sampling = dict(cfg.sampling_settings[samp])
       greedy = float(sampling.get("temperature", 0.0)) == 0.0
