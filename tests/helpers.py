@@ -50,7 +50,6 @@ from unittest import mock
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats

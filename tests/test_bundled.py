@@ -1,7 +1,5 @@
 """The bundled trained models load by name, encode text, and decode losslessly on every prompt set."""
 
-import chex
-import numpy as np
 import pytest
 from absl.testing import absltest
 

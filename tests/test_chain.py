@@ -10,8 +10,6 @@ unrolled, so compile time grows with it); more (d1, gamma) per family and the HF
 
 import math
 
-import chex
-import jax
 import pytest
 
 import helpers

@@ -7,12 +7,10 @@ sizes 1 and 2, the shapes tests/test_fixtures.py also uses, so a joint pytest ru
 
 import io
 import os
-import sys
 from contextlib import redirect_stdout
 from unittest import mock
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,7 +20,6 @@ import loopspec_jax
 import helpers
 from helpers import FIXTURES, fixture
 from loopspec_jax.decoding import common
-from loopspec_jax import api
 from loopspec_jax.decoding import autoregressive as ar
 
 N_NEW = 16

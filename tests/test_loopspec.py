@@ -10,9 +10,6 @@ per (model, method, depths). The wider (d1, d2) matrix and the HF fixtures are m
 
 import functools
 
-import chex
-import jax
-import numpy as np
 import pytest
 
 import helpers

@@ -52,28 +52,19 @@ def _scatter_last(values, index, v: int):
   return flat.reshape(lead + (v,))
 
 
-def _filter_sorted(zs, k, tp, total):
-  """top-k / top-p on descending logits zs [..., C] (ties in index order); `total` [..., 1] is the sum of
-  exp(z - max) over the top-k set (softmax's own arithmetic). Returns (kept probabilities renormalised
-  [..., C], mass of all C before filtering)."""
-  rank = jnp.arange(zs.shape[-1], dtype=jnp.int32)
-  in_k = (k <= 0) | (rank < k)
-  ps = jnp.where(in_k, jnp.exp(zs - zs[..., :1]), 0.0) / total
-  # Token i is kept iff the mass strictly before it (descending order) is still below top_p.
-  keep = in_k & ((tp >= 1.0) | (_exclusive_cumsum(ps) < tp) | (rank == 0))
-  kept = jnp.where(keep, ps, 0.0)
-  return kept / jnp.sum(kept, axis=-1, keepdims=True), jnp.sum(ps, axis=-1, keepdims=True)
-
-
 def _filtered_full(z, k, tp):
-  """The reference path: a full stable sort of the vocabulary."""
+  """top-k / top-p after a full stable sort of the vocabulary (descending, ties in index order)."""
   v = z.shape[-1]
   order = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
   zs = jnp.take_along_axis(z, order, axis=-1)
-  in_k = (k <= 0) | (jnp.arange(v) < k)
-  total = jnp.sum(jnp.where(in_k, jnp.exp(zs - zs[..., :1]), 0.0), axis=-1, keepdims=True)
-  kept, _ = _filter_sorted(zs, k, tp, total)
-  return _scatter_last(kept, order, v)
+  rank = jnp.arange(v, dtype=jnp.int32)
+  in_k = (k <= 0) | (rank < k)
+  e = jnp.where(in_k, jnp.exp(zs - zs[..., :1]), 0.0)  # softmax's own arithmetic over the top-k set
+  ps = e / jnp.sum(e, axis=-1, keepdims=True)
+  # Token i is kept iff the mass strictly before it (descending order) is still below top_p.
+  keep = in_k & ((tp >= 1.0) | (_exclusive_cumsum(ps) < tp) | (rank == 0))
+  kept = jnp.where(keep, ps, 0.0)
+  return _scatter_last(kept / jnp.sum(kept, axis=-1, keepdims=True), order, v)
 
 
 def _nucleus(z, tp):

@@ -157,13 +157,11 @@ def write_prelude(cache: KVCache, k, v, pos) -> KVCache:
 
 
 def write_core(cache: KVCache, layout: CacheLayout, step, k, v, pos) -> KVCache:
-  """Writes core step `step`'s entries k/v [L, B, S, KV, D] (int step, or traced when group == 1)."""
+  """Writes core step `step`'s entries k/v [L, B, S, KV, D] (a Python int; several traced steps at once:
+  `write_core_steps`)."""
   core = cache.core
   for l in range(k.shape[0]):
-    if isinstance(step, int):
-      core = _write(core, layout.core_buffer(step % layout.group, l), step // layout.group, k[l], v[l], pos)
-    else:
-      core = _write(core, l, step, k[l], v[l], pos)
+    core = _write(core, layout.core_buffer(step % layout.group, l), step // layout.group, k[l], v[l], pos)
   return cache.replace(core=core)
 
 

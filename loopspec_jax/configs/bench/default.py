@@ -6,7 +6,6 @@ loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Hugin
 """
 
 import ml_collections
-from ml_collections import config_dict
 
 
 def get_config(arg=None):

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
-import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from loopspec_jax.config import ModelConfig
