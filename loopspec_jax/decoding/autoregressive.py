@@ -47,12 +47,12 @@ def full_depth_token_step(
   mask = jnp.arange(t)[None, None, :] < pos[:, None, None]  # [B, 1, T]: the committed prefix
   self_mask = jnp.ones((b, 1, 1), bool)
   e, k, v = M.pre(params, tok[:, None], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
-  cache = kvcache.write_prelude(cache, k, v, q)
+  cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))  # after the prelude's reads: no copy
   s = M.initial_state(e, cfg, noise)
 
   s, cache = kvcache.run_core_steps(params, cache, layout, s, e, q, self_mask, mask, 0, cfg.recurrence, cfg)
   logits, k, v = M.post(params, s, q, self_mask, kvcache.coda_ctx(cache, 0, mask), cfg)
-  cache = kvcache.write_coda(cache, 0, k, v, q)
+  cache = kvcache.write_coda(cache, 0, k, v, kvcache.ordered(q, logits, t))
   return logits[:, 0], cache
 
 
@@ -127,7 +127,7 @@ def incremental_readouts(params, tokens, *, cfg: ModelConfig, split: int):
     q = jnp.full((b, 1), p, jnp.int32)
     mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p, (b, 1, t))
     e, k, v = M.pre(params, tokens[:, p : p + 1], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
-    cache = kvcache.write_prelude(cache, k, v, q)
+    cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))  # after the prelude's reads: no copy
     s = M.initial_state(e, cfg)
     per_depth = []
     for i in range(cfg.recurrence):
