@@ -382,3 +382,79 @@ def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: 
   with record_key_purposes() as calls:
     jax.make_jaxpr(functools.partial(loop, **decoder.loop_kw))(model.params, state, sp)
   return calls
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models with a tokenizer (tests of the text-level integrations: lm-eval)
+# ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _tokenized_model(spec, contraction, seed, overrides):
+  import dataclasses
+  import math
+
+  from tokenizers import Tokenizer
+
+  from loopspec_jax.checkpoint import native
+  from loopspec_jax.models import looped
+
+  cfg = model_config(spec, **dict(overrides))
+  rng = np.random.RandomState(seed)
+
+  def init(path, shape):  # the init scales of looped.init_params, drawn with numpy (eager jax.random compiles)
+    if "norm" in path and "qk" not in path:
+      return 1.0 + 0.1 * rng.randn(*shape)
+    if "qk_bias" in path or path.endswith("['b']"):
+      return 0.1 * rng.randn(*shape)
+    if "embed" in path:
+      return rng.randn(*shape) * (1.0 / math.sqrt(cfg.hidden_size) if cfg.embed_scale != 1.0 else 0.1)
+    return rng.randn(*shape) / math.sqrt(shape[-2] if len(shape) >= 2 else shape[-1])
+
+  shapes = looped.param_shapes(cfg)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, s: init(jax.tree_util.keystr(p), s), shapes, is_leaf=looped._is_shape
+  )
+  if contraction is not None:
+    if cfg.is_raven:
+      params["adapter"][: cfg.hidden_size] *= contraction
+    else:
+      for n in ("norm_2", "norm_4"):
+        params["core"][n][:] = contraction
+  params = jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), params)
+  tok = Tokenizer.from_file(os.path.join(native.bundled_path("tiny-raven"), "tokenizer.json"))
+  return dataclasses.replace(api.LoopedModel(cfg, params), tokenizer=tok, source=f"test:{spec}")
+
+
+def tokenized_model(spec: str = "huginn:tiny", contraction=0.7, seed: int = 0, **overrides):
+  """A random tiny model with the bundled tiny-raven tokenizer (vocab 2048 unless overridden), cached.
+
+  Weights are drawn with numpy at `init_params`' scales (no eager jax.random compiles); `contraction` scales
+  the recurrent state's input (Raven) or the core norms (Ouro), so early depths agree with the full depth.
+  """
+  overrides = {"vocab_size": 2048, **overrides}
+  return _tokenized_model(spec, contraction, seed, tuple(sorted(overrides.items())))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speculative baselines (draft model, prompt lookup): exact sequence distributions of any model
+# ---------------------------------------------------------------------------------------------------
+def exact_sequence_distribution(model, prompt, n_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """P(y1..yn | prompt) as an array [V]*n when each token is drawn from `model`'s processed full-depth readout
+  (`api.readouts` per prefix, `sampling.process_logits` with the given settings). For tiny vocabularies."""
+  v, r = model.config.vocab_size, model.config.recurrence
+  out = np.zeros((v,) * n_tokens, np.float64)
+
+  def rec(prefix, prob):
+    i = len(prefix) - len(prompt)
+    if i == n_tokens:
+      out[tuple(prefix[len(prompt) :])] = prob
+      return
+    logits = api.readouts(model, prefix, depths=[r])[0, -1]
+    p = np.asarray(
+        sampling.process_logits(logits, greedy=False, temperature=temperature, top_k=top_k, top_p=top_p), np.float64
+    )
+    for y in np.flatnonzero(p > 0):
+      rec(prefix + [int(y)], prob * p[y])
+
+  rec(list(prompt), 1.0)
+  assert abs(out.sum() - 1.0) < 1e-4
+  return out

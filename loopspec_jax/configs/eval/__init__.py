@@ -1,0 +1,1 @@
+"""Evaluation configs (`loopspec-evaluate --config=eval/<name>.py[:preset]`)."""

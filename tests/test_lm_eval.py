@@ -1,0 +1,431 @@
+"""The lm-evaluation-harness backend, the offline task YAMLs and loopspec-evaluate, end to end and offline.
+
+A random huginn:tiny model (R = 8, context 128) with the bundled 2048-token tokenizer stands in for a real
+checkpoint. Every harness run goes through `lm_eval.simple_evaluate` with the offline tasks of
+`loopspec_jax/tasks/`; GSM8K-CoT contexts (8-shot, ~1000 tokens) are cut to the same 112 tokens, so the AR and
+LoopSpec programs compile once for the module (batch 2, 16 new tokens) and the evaluate test reuses them.
+Task definitions are checked against oracle answers with a scripted harness model (no JAX).
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+from absl import logging
+import chex
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the tests never reach the hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+lm_eval = pytest.importorskip("lm_eval")  # the `eval` extra (in `dev`)
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.model import LM  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import helpers  # noqa: E402
+import loopspec_jax  # noqa: E402
+from loopspec_jax import tasks as offline_tasks  # noqa: E402
+from loopspec_jax.configs.eval import default as eval_config  # noqa: E402
+from loopspec_jax.experiments import common  # noqa: E402
+from loopspec_jax.experiments import evaluate  # noqa: E402
+from loopspec_jax.integrations import lm_eval as backend  # noqa: E402
+
+MAX_NEW = 16
+GEN_KWARGS = f"max_gen_toks={MAX_NEW}"
+LOOPSPEC = {"method": "loopspec", "d1": 2}  # one proposal: half the compile time of two on 2 CPU cores
+GSM8K = "loopspec_gsm8k_cot"
+
+
+@pytest.fixture(scope="module")
+def model():
+  return helpers.tokenized_model("huginn:tiny", contraction=0.7, max_len=128)
+
+
+@pytest.fixture(scope="module")
+def offline_tm():
+  return TaskManager(include_path=offline_tasks.TASKS_DIR, include_defaults=False)
+
+
+def harness(lm, tasks, tm, limit=2, **kw):
+  return lm_eval.simple_evaluate(
+      model=lm, tasks=tasks, limit=limit, task_manager=tm, bootstrap_iters=0, log_samples=True, **kw
+  )
+
+
+@pytest.fixture(scope="module")
+def gsm8k_runs(model, offline_tm):
+  """The harness on 2 GSM8K-CoT documents with AR and with LoopSpec (batch 2): (results, backend) per method."""
+  out = {}
+  for name, kw in (("ar", {"method": "ar"}), ("loopspec", LOOPSPEC)):
+    lm = backend.LoopSpecLM(model=model, batch_size=2, **kw)
+    out[name] = (harness(lm, [GSM8K], offline_tm, gen_kwargs=GEN_KWARGS), lm)
+  return out
+
+
+def per_doc(samples) -> list:
+  """The harness logs one sample per (document, filter); one per document, by doc_id."""
+  return sorted({s["doc_id"]: s for s in samples}.values(), key=lambda s: s["doc_id"])
+
+
+def context_of(sample) -> str:
+  return sample["arguments"][0][0]  # the logged arguments: one (context, gen_kwargs) per request
+
+
+# ---------------------------------------------------------------------------------------------------
+# generate_until
+# ---------------------------------------------------------------------------------------------------
+def test_generate_until_equals_generate(gsm8k_runs, model):
+  """The harness's responses are `generate`'s greedy tokens (context cut to 128 - 16), cut at the stop texts."""
+  res, _ = gsm8k_runs["ar"]
+  samples = per_doc(res["samples"][GSM8K])
+  assert len(samples) == 2
+  prompts = [model.encode(context_of(s))[-(model.config.max_len - MAX_NEW) :] for s in samples]
+  out = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=model.config.eos_id)
+  until = ["Q:", "</s>", "<|im_end|>", "<|endoftext|>"]
+  for s, toks in zip(samples, out.tokens):
+    toks = toks[: toks.index(0)] if 0 in toks else toks
+    assert s["resps"] == [[backend.cut_at_stops(model.decode(toks), until)]]
+
+
+def test_loopspec_accuracy_and_responses_equal_ar(gsm8k_runs, model):
+  """Greedy LoopSpec is lossless: the same responses, so the same metrics; its stats show speculation."""
+  (ar, ar_lm), (ls, ls_lm) = gsm8k_runs["ar"], gsm8k_runs["loopspec"]
+  resps = lambda r: [s["resps"] for s in per_doc(r["samples"][GSM8K])]
+  assert resps(ls) == resps(ar)
+  assert evaluate.metrics_of(ls, GSM8K) == evaluate.metrics_of(ar, GSM8K)
+  assert set(evaluate.metrics_of(ar, GSM8K)) == {"exact_match,strict-match", "exact_match,flexible-extract"}
+  a, s = ar_lm.speed_stats(GSM8K), ls_lm.speed_stats(GSM8K)
+  assert a["tokens"] == s["tokens"] > 0 and a["requests"] == s["requests"] == 2
+  assert a["mean_accepted_length"] == 1.0 and a["commits"]["restart"] == a["tokens"]
+  assert sum(s["commits"].values()) == s["tokens"] and s["commits"]["first"] > 0
+  assert s["mean_accepted_length"] > 1.0 and s["method"] == "loopspec(d1=2)" and s["greedy"]
+  assert ls_lm.speed_stats("another_task") is None
+
+
+@pytest.mark.slow
+def test_sampled_generation_is_reproducible_and_batch_independent(model):
+  """do_sample: request ids are stable per (task, doc, repeat), so batching does not change the samples."""
+  kw = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0, "top_p": 0.9}
+  reqs = [
+      Instance("generate_until", {}, ("Question: " + q + "\nAnswer:", kw), idx=0, metadata=("t", i, 1))
+      for i, q in enumerate(["How many apples?", "What is 2 + 3?"])
+  ]
+  both = backend.LoopSpecLM(model=model, batch_size=2, warmup=False).generate_until(reqs, disable_tqdm=True)
+  one = backend.LoopSpecLM(model=model, batch_size=1, warmup=False).generate_until(reqs[1:], disable_tqdm=True)
+  assert one == both[1:]
+  # A task's `repeats` arrive as copies of one Instance: each copy samples anew, the first as the request alone.
+  repeats = backend.LoopSpecLM(model=model, batch_size=2, warmup=False).generate_until([reqs[0]] * 2, True)
+  assert repeats[0] == both[0] and repeats[1] != repeats[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# loglikelihood, loglikelihood_rolling
+# ---------------------------------------------------------------------------------------------------
+def _mc_task(tmp_path) -> str:
+  """A two-document multiple-choice task (loglikelihood requests) with a local data file."""
+  rows = [
+      {"question": "ROMEO: What light through yonder window", "choices": [" breaks?", " sleeps."], "label": 0},
+      {"question": "Question: 2 + 3 =", "choices": [" 5", " 7", " six"], "label": 0},
+  ]
+  with open(tmp_path / "mc.jsonl", "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "mc.yaml").write_text(
+      "task: test_mc\n"
+      f"custom_dataset: !function {offline_tasks.TASKS_DIR.replace(os.sep, '/')}/utils.load_local\n"
+      f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'mc.jsonl'}\n"
+      "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{question}}'\n"
+      "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\n"
+      "metric_list:\n  - metric: acc\n"
+  )
+  return "test_mc"
+
+
+def log_softmax(logits) -> np.ndarray:
+  x = np.asarray(logits, np.float64)
+  m = x.max(-1, keepdims=True)
+  return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _direct_loglikelihood(model, context: str, continuation: str, depth: int, pad_token=None) -> tuple:
+  """log p(continuation | context) from `readouts` at `depth`, the harness's causal pair encoding."""
+  whole, ctx = model.encode(context + continuation), model.encode(context)
+  cont = whole[len(ctx) :]
+  seq = ctx + cont[:-1]
+  if pad_token is not None:  # a different padding than the backend's (eos): causal attention must ignore it
+    seq = seq + [pad_token] * (32 - len(seq))
+  logp = log_softmax(loopspec_jax.readouts(model, seq, depths=[depth])[0])
+  rows = logp[len(ctx) - 1 : len(ctx) - 1 + len(cont)]
+  return float(rows[np.arange(len(cont)), cont].sum()), bool((rows.argmax(-1) == np.asarray(cont)).all())
+
+
+def test_loglikelihood_equals_readouts(model, tmp_path):
+  """Multiple choice through the harness: every choice's log-likelihood is the readouts-based sum (full depth,
+  and depth 2 with `depth=2`), whatever the padding; the unpadded forward agrees too."""
+  task = _mc_task(tmp_path)
+  tm = TaskManager(include_path=str(tmp_path), include_defaults=False)
+  r = model.config.recurrence
+  by_depth = {}
+  for depth in (None, 2):
+    lm = backend.LoopSpecLM(model=model, depth=depth)
+    res = harness(lm, [task], tm)
+    samples = per_doc(res["samples"][task])
+    got = []
+    for s in samples:
+      for i, resp in enumerate(s["resps"]):
+        ctx, cont = s["arguments"][i]
+        ll, greedy = resp[0]
+        want = _direct_loglikelihood(model, ctx, cont, depth or r, pad_token=7)
+        np.testing.assert_allclose(ll, want[0], rtol=1e-5, atol=1e-4)
+        assert greedy == want[1]
+        got.append(ll)
+    by_depth[depth] = got
+    assert 0.0 <= res["results"][task]["acc,none"] <= 1.0
+  assert not np.allclose(by_depth[None], by_depth[2])  # depth 2 is a different readout
+  # One request against the unpadded forward (its own compiled length).
+  lm = backend.LoopSpecLM(model=model)
+  ctx, cont = "Question: 2 + 3 =", " 5"
+  ((ll, greedy),) = lm.loglikelihood([Instance("loglikelihood", {}, (ctx, cont), idx=0)], disable_tqdm=True)
+  want = _direct_loglikelihood(model, ctx, cont, r)
+  np.testing.assert_allclose(ll, want[0], rtol=1e-5, atol=1e-4)
+  assert greedy == want[1]
+
+
+def test_loglikelihood_rolling_equals_readouts(model, offline_tm):
+  """Held-out Shakespeare perplexity: each document's rolling log-likelihood is the sum over the harness's
+  disjoint windows of readouts-based log-probabilities, and the harness turns it into perplexities."""
+  from lm_eval import utils as lm_utils
+
+  lm = backend.LoopSpecLM(model=model)
+  res = harness(lm, ["loopspec_shakespeare"], offline_tm, limit=1)
+  (sample,) = res["samples"]["loopspec_shakespeare"]
+  text = sample["arguments"][0][0]
+  tokens = model.encode(text)
+  assert len(tokens) > 2 * model.config.max_len  # several windows
+  want = 0.0
+  for ctx, cont in map(
+      lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(tokens, 0, model.config.max_len, 1)
+  ):
+    seq = ctx + cont[:-1]
+    padded = seq + [5] * (model.config.max_len - len(seq))  # another padding than the backend's
+    logp = log_softmax(loopspec_jax.readouts(model, padded, depths=[model.config.recurrence])[0, : len(seq)])
+    want += logp[np.arange(len(seq) - len(cont), len(seq)), cont].sum()
+  np.testing.assert_allclose(sample["resps"][0][0], want, rtol=1e-6)
+  metrics = res["results"]["loopspec_shakespeare"]
+  assert metrics["word_perplexity,none"] > 1.0 and metrics["bits_per_byte,none"] > 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# loopspec-evaluate: rows, table, resume
+# ---------------------------------------------------------------------------------------------------
+def _eval_cfg(out_dir):
+  cfg = eval_config.get_config()
+  cfg.model = "test-huginn"
+  cfg.tasks = GSM8K
+  cfg.methods = "ar;loopspec:d1=2"
+  cfg.limit = 2
+  cfg.gen_kwargs = GEN_KWARGS
+  cfg.batch_size = 2
+  cfg.bootstrap_iters = 0
+  cfg.progress = False
+  cfg.out_dir = str(out_dir)
+  return cfg
+
+
+def test_evaluate_writes_rows_and_resumes_after_a_kill(model, tmp_path, gsm8k_runs):
+  """A run stopped after its first row (and a torn line) resumes: one row per (task, method), none twice, the
+  first kept as written; rows hold the harness's results JSON and the speed statistics; the table compares."""
+  del gsm8k_runs  # compiled the programs this test reuses
+  cfg = _eval_cfg(tmp_path)
+  cfg.stop_after = 1
+  with pytest.raises(evaluate.EvaluationInterrupted):
+    evaluate.run_evaluation(cfg, model=model)
+  jsonl = tmp_path / "eval.jsonl"
+  first = [json.loads(l) for l in jsonl.read_text().splitlines()]
+  assert [r["method"] for r in first] == ["ar"]
+  with open(jsonl, "a") as f:
+    f.write('{"key": "torn')  # a writer killed mid-line
+  cfg.stop_after = None
+  res = evaluate.run_evaluation(cfg, model=model)
+  assert res["new_rows"] == 1
+  rows = [json.loads(l) for l in jsonl.read_text().splitlines()]
+  assert [r["method"] for r in rows] == ["ar", "loopspec(d1=2)"]
+  assert rows[0] == first[0]
+  assert evaluate.run_evaluation(cfg, model=model)["new_rows"] == 0  # nothing left to do
+  ar, ls = res["rows"]
+  for r in (ar, ls):
+    assert r["lm_eval"]["results"][GSM8K]["alias"] == GSM8K and r["lm_eval"]["n-samples"][GSM8K]["effective"] == 2
+    assert r["metric"] == "exact_match,strict-match" and r["docs"] == 2
+    assert r["speed"]["tokens"] > 0 and r["speed"]["decode_seconds"] > 0
+    assert os.path.exists(tmp_path / "samples" / f"{GSM8K}__{r['method']}.jsonl")
+  assert ls["accuracy"] == ar["accuracy"] and ls["metrics"] == ar["metrics"]
+  assert ls["identical_to_ar"] and ar["ratio_vs_ar"] == 1.0 and ls["ratio_vs_ar"] > 0
+  assert ls["speed"]["mean_accepted_length"] > 1.0
+  lines = res["table"].splitlines()
+  assert lines[0].startswith("| model | task | method | metric | accuracy | tok/s | ratio vs AR | mean acc. len")
+  assert len(lines) == 4 and "| loopspec(d1=2) |" in lines[3] and "| yes |" in lines[3]
+  assert (tmp_path / "eval.md").read_text().strip() == res["table"]
+
+
+def test_evaluate_cli_parses_config(tmp_path, monkeypatch):
+  """`loopspec-evaluate --config=eval/default.py:quick --config.<field>=...` reaches run_evaluation."""
+  seen = []
+
+  def fake_run(cfg):
+    seen.append(cfg)
+    return {"table": "| table |"}
+
+  monkeypatch.setattr(evaluate, "run_evaluation", fake_run)
+  argv = ["prog", "--config=eval/default.py:quick", f"--config.out_dir={tmp_path}", "--config.limit=3"]
+  saved = sys.argv
+  try:
+    evaluate.main(common.parse_flags(evaluate.FLAGS, argv))
+  finally:
+    sys.argv = saved
+    flags.FLAGS.unparse_flags()
+    logging.set_verbosity(logging.WARNING)
+  (cfg,) = seen
+  assert (cfg.tasks, cfg.limit, cfg.out_dir, cfg.methods) == (GSM8K, 3, str(tmp_path), "ar;loopspec:d1=2,d2=8")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors before anything compiles
+# ---------------------------------------------------------------------------------------------------
+def test_bad_input_is_rejected_before_decoding(model, monkeypatch):
+  def no_decode(*a, **k):
+    raise AssertionError("decoded before validating")
+
+  monkeypatch.setattr(loopspec_jax, "generate", no_decode)
+  with pytest.raises(ValueError, match="unknown model argument"):
+    backend.LoopSpecLM(model=model, num_beams=4)
+  with pytest.raises(ValueError):
+    backend.LoopSpecLM(model=model, method="loopspec", d1=3)  # 3 does not divide R = 8
+  with pytest.raises(ValueError, match="takes no"):
+    backend.LoopSpecLM(model=model, method="ar", d1=2)
+  with pytest.raises(ValueError, match="max_gen_toks"):
+    backend.LoopSpecLM(model=model, max_gen_toks=128)
+  lm = backend.LoopSpecLM(model=model)
+  req = lambda kw: Instance("generate_until", {}, ("Hello", kw), idx=0, metadata=("t", 0, 1))
+  with pytest.raises(ValueError, match="unsupported generation kwargs"):
+    lm.generate_until([req({"until": ["\n"], "num_beams": 2})], disable_tqdm=True)
+  with pytest.raises(ValueError, match="max_gen_toks"):
+    lm.generate_until([req({"until": ["\n"], "max_gen_toks": 1024})], disable_tqdm=True)
+  with pytest.raises(ValueError, match="top_p"):
+    lm.generate_until([req({"do_sample": True, "top_p": 0.0})], disable_tqdm=True)
+  cfg = eval_config.get_config("bundled")
+  cfg.allow_code_execution = False
+  with pytest.raises(ValueError, match="allow_code_execution"):
+    evaluate.check_config(cfg)
+  cfg = eval_config.get_config()
+  cfg.methods = "ar;beam:k=2"
+  with pytest.raises(ValueError, match="unknown method"):
+    evaluate.check_config(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The offline task definitions, scored with oracle answers (no model)
+# ---------------------------------------------------------------------------------------------------
+class OracleLM(LM):
+  """Answers every generation request with the document's reference answer in the task's expected format."""
+
+  def generate_until(self, requests, disable_tqdm=False):
+    out = []
+    for req in requests:
+      doc = req.doc
+      if "question" in doc:  # GSM8K-CoT
+        out.append(f" Some reasoning. The answer is {doc['answer'].split('####')[-1].strip()}.\n\n")
+      elif "problem" in doc:  # MATH-500 (minerva)
+        out.append(f" Work.\nFinal Answer: The final answer is ${doc['answer']}$. I hope it is correct.\n")
+      elif "canonical_solution" in doc:  # HumanEval
+        out.append(doc["canonical_solution"])
+      else:  # MBPP
+        out.append(doc["code"] + "\n")
+    return out
+
+  def loglikelihood(self, requests, disable_tqdm=False):
+    raise NotImplementedError
+
+  def loglikelihood_rolling(self, requests, disable_tqdm=False):
+    raise NotImplementedError
+
+
+def test_offline_tasks_score_oracle_answers(offline_tm, monkeypatch):
+  """Every offline generation task loads from the package's files (full sizes) and gives the reference answers
+  full marks through the harness's own filters and metrics; code runs only with both opt-ins."""
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+  names = ["loopspec_gsm8k_cot", "loopspec_minerva_math500", "loopspec_humaneval", "loopspec_mbpp"]
+  assert set(offline_tasks.OFFLINE_TASKS) <= set(offline_tm.all_tasks)
+  res = lm_eval.simple_evaluate(
+      model=OracleLM(),
+      tasks=names,
+      limit=4,
+      task_manager=offline_tm,
+      bootstrap_iters=0,
+      confirm_run_unsafe_code=True,
+  )
+  assert evaluate.expand_tags(offline_tm, [offline_tasks.OFFLINE_TAG, "loopspec_mbpp"]) == sorted(names)
+  sizes = {t: res["n-samples"][t]["original"] for t in names}
+  assert sizes == {
+      "loopspec_gsm8k_cot": 1319,
+      "loopspec_minerva_math500": 500,
+      "loopspec_humaneval": 164,
+      "loopspec_mbpp": 257,
+  }
+  got = {t: evaluate.metrics_of(res, t) for t in names}
+  assert got["loopspec_gsm8k_cot"]["exact_match,strict-match"] == 1.0
+  assert got["loopspec_minerva_math500"]["exact_match,none"] == 1.0
+  assert got["loopspec_humaneval"]["pass_at_1,create_test"] == 1.0
+  assert got["loopspec_mbpp"]["pass_at_1,none"] == 1.0
+  with pytest.raises(ValueError, match="unsafe"):
+    lm_eval.simple_evaluate(model=OracleLM(), tasks=["loopspec_mbpp"], limit=1, task_manager=offline_tm)
+  monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
+  with pytest.raises(RuntimeError, match="HF_ALLOW_CODE_EVAL"):
+    lm_eval.simple_evaluate(
+        model=OracleLM(), tasks=["loopspec_mbpp"], limit=1, task_manager=offline_tm, confirm_run_unsafe_code=True
+    )
+
+
+def test_code_metric_fails_wrong_and_hanging_programs(monkeypatch):
+  from loopspec_jax.tasks import utils
+
+  monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+  ref = "assert add(2, 3) == 5"
+  chex.assert_trees_all_close(
+      utils.pass_at_k([ref, ref, ref], [["def add(a, b): return a + b"], ["def add(a, b): return a * b"], ["x ="]]),
+      {"pass@1": 1 / 3},
+  )
+  monkeypatch.setattr(utils, "CODE_TIMEOUT_S", 1.0)
+  assert not utils.run_program("while True: pass", timeout=1.0)
+  assert utils.estimate_pass_at_k(5, 2, 1) == pytest.approx(0.4)
+
+
+def test_math_answer_extraction():
+  from loopspec_jax.tasks import utils
+
+  assert utils.get_unnormalized_answer("x\nFinal Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.")
+  assert utils.normalize_final_answer("$\\frac12$") == "\\frac{1}{2}"
+  assert utils.normalize_final_answer("10,000 dollars") == "10000"
+  assert utils.normalize_final_answer("(0,1)") == "(0,1)"
+  assert utils.remove_boxed(utils.last_boxed_only_string("so $\\boxed{\\frac{3}{4}}$.")) == "\\frac{3}{4}"
+  assert utils.math_process_results(
+      {"answer": "24"}, ["Final Answer: The final answer is $24$. I hope it is correct."]
+  ) == {"exact_match": 1}
+
+
+@pytest.mark.slow
+def test_bundled_tiny_raven_evaluates_with_every_method(tmp_path):
+  """The bundled tiny-raven through loopspec-evaluate: AR, chain and LoopSpec score the same and LoopSpec's
+  mean accepted length is well above 1 (its depth-2 drafts agree with depth 32 most of the time)."""
+  cfg = eval_config.get_config("quick")
+  cfg.methods = "ar;chain:d1=2,gamma=8;loopspec:d1=2,d2=8"
+  cfg.tasks = "loopspec_gsm8k_cot,loopspec_minerva_math500"
+  cfg.out_dir = str(tmp_path)
+  cfg.progress = False
+  res = evaluate.run_evaluation(cfg)
+  for task in ("loopspec_gsm8k_cot", "loopspec_minerva_math500"):
+    rows = [r for r in res["rows"] if r["task"] == task]
+    assert len(rows) == 3 and all(r["identical_to_ar"] for r in rows)
+    assert len({json.dumps(r["metrics"]) for r in rows}) == 1
+    assert rows[2]["speed"]["mean_accepted_length"] > 4.0
