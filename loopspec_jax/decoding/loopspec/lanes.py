@@ -31,6 +31,22 @@ def group_rows(t, n_groups: int, width: int):
   return (stages[:, None] * width + jnp.arange(width)[None, :]).reshape(-1)
 
 
+def read_rows(table, ids, *, shared: bool = False):
+  """table [B, N, V] rows at ids as a one-hot dot: one row per request (ids [B] -> [B, V]) or, with `shared`,
+  the same K rows of every request (ids [K] -> [B, K, V]).
+
+  A gather of a loop-carried table that is also updated in the same tick gets fused into (and recomputed by)
+  its consumers, which XLA may schedule after the update, so it copies the whole table to keep the old rows.
+  A dot is never fused that way: it reads the table once, in place, before the update. Exact (one 1.0 per
+  output element, HIGHEST precision)."""
+  b, n, _ = table.shape
+  onehot = (jnp.arange(n) == ids[..., None]).astype(table.dtype)  # [B, N] or [K, N]
+  onehot = jnp.broadcast_to(onehot, (b,) + onehot.shape) if shared else onehot[:, None, :]  # [B, K, N]
+  # [B, K, N] x [B, N, V]: the table is the rhs in canonical (batch, contracting, free) order, read as stored.
+  rows = jax.lax.dot_general(onehot, table, (((2,), (1,)), ((0,), (0,))), precision=jax.lax.Precision.HIGHEST)
+  return rows if shared else rows[:, 0]
+
+
 def grouped_attend(prefix, spec, prefix_mask, anc_rows, cfg: ModelConfig):
   """Attention of lanes in group order over one cache block, their ancestors' entries and themselves.
 

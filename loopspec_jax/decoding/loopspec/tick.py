@@ -54,6 +54,7 @@ class Verified(NamedTuple):
   root: jax.Array  # [B] stable id of the root
   y: jax.Array  # [B] committed token
   stage: jax.Array  # [B] 1: x1 accepted, 2: x2 accepted, 0: neither (residual / argmax)
+  q_read: jax.Array = None  # [B] float, sampled only: depends on the root's q1/q2 rows (orders later writes)
 
 
 class Drafts(NamedTuple):
@@ -178,6 +179,7 @@ def verify_root(
   root = last[root_w]
   row = (len(shape.readouts) - 1) * w + root_w
   x1, x2, gate = ln.x1[bi, root], ln.x2[bi, root], ln.gate[bi, root]
+  q_read = None
   if greedy:  # the cascade on one-hot distributions: argmax matching
     y = sampling.greedy_token(adv.logits[bi, row])
     stage = jnp.where(y == x1, 1, jnp.where(gate & (y == x2), 2, 0))
@@ -185,8 +187,10 @@ def verify_root(
     keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p + 1, sampling.PURPOSE_VERIFY))(
         sp.request_ids, ln.pos[bi, root]
     )
-    y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, ln.q1[bi, root], gate, x2, ln.q2[bi, root])
-  return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32))
+    q1, q2 = L.read_rows(ln.q1, root), L.read_rows(ln.q2, root)
+    y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, q1, gate, x2, q2)
+    q_read = q1[:, 0] + q2[:, 0]
+  return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32), q_read=q_read)
 
 
 def commit(st: LoopSpecState, spec, ver: Verified, sp: common.SamplingParams):
@@ -218,33 +222,42 @@ def prune(ln: LaneTable, ver: Verified, done):
   return survive, kept_found
 
 
-def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape, greedy: bool):
+def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, shape: PipelineShape, greedy: bool, after):
   """x1 for the lanes now at d1 (group 0) and the gated second proposal for those at d2; stored under the
-  lanes' ids. Returns (lanes with x1/q1/x2/q2/gate updated, Drafts of the two groups)."""
+  lanes' ids. Returns (lanes with x1/q1/x2/q2/gate updated, Drafts of the two groups).
+
+  Sampled: q1/q2 [B, N, V] are read (the root's rows in `verify_root`, the d2 lanes' q1 here) by one-hot
+  dots, and the write indices depend on float values of those reads (`after`: `Verified.q_read`), so XLA
+  updates both tables in place instead of copying them every tick."""
   ln = st.lanes
+  n = ln.alive.shape[1]
   w = shape.width
   rows = L.group_rows(st.iterations, shape.n_groups, w)
   ids1 = rows[:w]
   lg1 = adv.logits[:, :w]
+  ids2 = None if shape.d2 is None else rows[shape.endpoint_groups[1] * w :][:w]
   if greedy:
     x1 = sampling.greedy_token(lg1)
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1))
   else:
     q1 = dist[:, :w]
     x1 = jax.vmap(jax.vmap(sampling.sample_token))(lane_keys(sp, ln.pos[:, ids1], sampling.PURPOSE_X1), q1)
-    ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, ids1].set(q1))
+    at1 = kvcache.ordered(ids1, after, n)
+    if ids2 is not None:  # the second proposal reads the d2 lanes' q1 before this tick's q1 rows land
+      keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
+      q1_d2 = L.read_rows(ln.q1, ids2, shared=True)
+      gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, q1_d2, ln.x1[:, ids2], dist[:, w : 2 * w])
+      at1 = kvcache.ordered(at1, q1_d2, n)
+    ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, at1].set(q1, mode="drop"))
   if shape.d2 is None:
     return ln, Drafts(x1=x1, gate=jnp.zeros_like(x1, bool), x2=x1)
-  ids2 = rows[shape.endpoint_groups[1] * w :][:w]
-  lg2 = adv.logits[:, w : 2 * w]
   if greedy:
-    x2 = sampling.greedy_token(lg2)
+    x2 = sampling.greedy_token(adv.logits[:, w : 2 * w])
     gate = x2 != ln.x1[:, ids2]
     ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), gate=ln.gate.at[:, ids2].set(gate))
   else:
-    keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
-    gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, ln.q1[:, ids2], ln.x1[:, ids2], dist[:, w : 2 * w])
-    ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), q2=ln.q2.at[:, ids2].set(q2), gate=ln.gate.at[:, ids2].set(gate))
+    q2_table = ln.q2.at[:, kvcache.ordered(ids2, after, n)].set(q2, mode="drop")
+    ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), q2=q2_table, gate=ln.gate.at[:, ids2].set(gate))
   return ln, Drafts(x1=x1, gate=gate, x2=x2)
 
 
@@ -341,7 +354,7 @@ def make_tick(
     ver = verify_root(st, adv, dist, sp, shape, greedy)
     cache, tokens, length, n_new, done = commit(st, adv.spec, ver, sp)
     survive, kept_found = prune(st.lanes, ver, done)
-    ln, dr = draft(st, adv, dist, sp, shape, greedy)
+    ln, dr = draft(st, adv, dist, sp, shape, greedy, ver.q_read)
     ln = ln.replace(s=adv.s, e=adv.e)
     lanes, skipped1, skipped2 = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
     rows = L.group_rows(st.iterations, shape.n_groups, w)
