@@ -48,6 +48,12 @@ class ModelConfig:
   has_exit_gate: bool = False
   bos_id: Optional[int] = None
   eos_id: Optional[int] = None
+  # Head layout for a device mesh (`parallel.sharding.padded_config`; 0 / 1 for a model as trained). When set,
+  # num_kv_heads / num_heads count the stored heads: each real KV head stored `kv_repeat` times (its query
+  # heads split between the copies; exact), then `head_padding` all-zero KV heads appended, each with its
+  # num_heads / num_kv_heads all-zero query heads (they attend to zero values and feed zero rows of wo: exact).
+  head_padding: int = 0
+  kv_repeat: int = 1
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -58,6 +64,11 @@ class ModelConfig:
       raise ValueError("ouro has no prelude or coda")
     if self.recurrence < 1:
       raise ValueError(f"recurrence must be >= 1, got {self.recurrence}")
+    if not (0 <= self.head_padding < self.num_kv_heads and self.kv_repeat >= 1):
+      raise ValueError(f"head_padding={self.head_padding} / kv_repeat={self.kv_repeat} out of range")
+    if (self.num_kv_heads - self.head_padding) % self.kv_repeat:
+      real = self.num_kv_heads - self.head_padding
+      raise ValueError(f"kv_repeat={self.kv_repeat} does not divide the {real} stored real KV heads")
 
   # ---- derived properties -------------------------------------------------------------------------
   @property
@@ -85,6 +96,16 @@ class ModelConfig:
   @property
   def norms_per_layer(self) -> int:
     return 4 if self.block_style in ("ouro", "huginn") else 2
+
+  @property
+  def real_kv_width(self) -> int:
+    """Entries of the k projection that are not padding (repeated heads count): OLMo's k_norm averages over them."""
+    return (self.num_kv_heads - self.head_padding) * self.head_dim
+
+  @property
+  def real_q_width(self) -> int:
+    """Entries of the q projection that are not padding: OLMo's q_norm averages over them."""
+    return (self.num_heads - self.head_padding * (self.num_heads // self.num_kv_heads)) * self.head_dim
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)

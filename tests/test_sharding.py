@@ -35,8 +35,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = [None, (8, 1), (4, 2), (2, 4), (1, 8)]
 FAMILIES = {
     # model config spec, LoopSpec settings, chain settings, mesh of the sampled run and of the plan check
-    # huginn on (1, 8): 4 heads / 4 KV heads do not divide 8 (replicated), MLP 48 and vocab 64 do.
-    # ouro on (2, 4): 4 heads, MLP and vocab split, 2 KV heads replicated; 3 requests padded to 4.
+    # huginn on (1, 8): 4 heads / 4 KV heads do not divide 8 (zero-padded to 8), MLP 48 and vocab 64 do.
+    # ouro on (2, 4): 4 heads, MLP and vocab split, 2 KV heads each stored twice (4); 3 requests padded to 4.
     "huginn": ("huginn:tiny", {"d1": 2, "d2": 4}, {"d1": 1, "gamma": 2}, (1, 8)),
     "ouro": ("ouro:tiny", {"d1": 1, "d2": 2}, {"d1": 1, "gamma": 2}, (2, 4)),
 }
@@ -96,8 +96,8 @@ def _family_part(family: str, part: str, report: dict):
     assert res.stats["tokens_generated"] == sum(len(t) for t in res.tokens)
     return res.tokens
 
-  def n_wrappers():
-    return sum(1 for _, _, st, _ in sharding.jit_cache_sizes() if st["cfg"] == cfg)
+  def n_wrappers():  # the wrappers of this model (their cfg is its head layout for the mesh)
+    return sum(1 for _, _, st, _ in sharding.jit_cache_sizes() if sharding.base_config(st["cfg"]) == cfg)
 
   if part == "sampled":
     before = n_wrappers()
@@ -132,7 +132,7 @@ def _family_part(family: str, part: str, report: dict):
   report["cache_sizes"] = [
       [n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
       for n, m, st, c in sharding.jit_cache_sizes()
-      if st["cfg"] == cfg
+      if sharding.base_config(st["cfg"]) == cfg
   ]
   report["n_wrappers"] = n_wrappers()
 
@@ -146,14 +146,14 @@ def _family_part(family: str, part: str, report: dict):
   cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
   dec = plan_memory.make_decoder(cfg, "loopspec", d1, d2, cap, greedy=True)
   traces0 = sum(sharding.TRACES.values())
-  cache, tokens = common.prefill_for(
-      dec, params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False, mesh=mesh
+  cache, tokens = common.prefill_for(  # model.params as the runs above passed them: their programs are reused
+      dec, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False, mesh=mesh
   )
   st = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
   report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0
   sp_placed = sharding.place(sp, sharding.state_shardings(sp, cfg, mesh))
   real = {
-      "params": params,
+      "params": params,  # as shard_params (and load(..., mesh=)) place them: heads laid out for the mesh
       "committed_kv": st.cache,
       "spec_kv": st.spec,
       "lanes": st.lanes,
@@ -247,7 +247,7 @@ def _expect(dim_units, size):
 def test_parameters_sharded_as_the_rules_say(reports, family):
   rep = reports[family]
   spec, _, _, (data, model) = FAMILIES[family]
-  cfg = model_config(spec)
+  cfg = sharding.padded_config(model_config(spec), {"data": data, "model": model})  # heads as laid out
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
   heads, kv, mlp, vocab = (
       _expect(cfg.num_heads, model),
@@ -267,9 +267,10 @@ def test_parameters_sharded_as_the_rules_say(reports, family):
   h, e, i = cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
   assert shapes["['core']['wq']"] == [cfg.n_core, e, h // model if heads else h]
   assert shapes["['core']['w_gate']"] == [cfg.n_core, e, i // model if mlp else i]
-  # Both the replication fallback and real sharding occur in these two configurations.
-  assert mlp == vocab == "model"
-  assert (heads, kv) == ((None, None) if family == "huginn" else ("model", None))
+  # Heads no mesh axis divides are laid out so that they shard (tests/test_head_padding.py): huginn's 4 heads
+  # zero-padded to 8, ouro's 2 KV heads each stored twice.
+  assert mlp == vocab == heads == kv == "model"
+  assert (cfg.head_padding, cfg.kv_repeat) == ((4, 1) if family == "huginn" else (0, 2))
 
 
 _PREFILL = "loopspec_jax.decoding.common.prefill_state"
@@ -287,7 +288,8 @@ def test_decode_state_sharded_as_declared(reports, family):
 
   def expect(name):  # (batch, kv_heads, vocab) mesh axes on the mesh the entry last ran on
     data, model = meshes[name]
-    return "data", _expect(cfg.num_kv_heads, model), _expect(cfg.vocab_size, model)
+    kv = sharding.padded_config(cfg, {"data": data, "model": model}).num_kv_heads
+    return "data", _expect(kv, model), _expect(cfg.vocab_size, model)
 
   b, kv, _ = expect(_PREFILL)
   pre = st[_PREFILL]  # (cache, tokens) of LoopSpec's prefill (the last one run)

@@ -2,7 +2,7 @@
 
   loopspec-plan-memory
   loopspec-plan-memory --config.models=huginn:0125 --config.meshes=1x8,2x4 --config.batches=1,8 \
-      --config.device_memory_gib=16 --config.out_dir=results/plan_memory
+      --config.device_memory_gib=16 --config.out_dir=results/plan_memory --config.largest_batch_models=""
 Lists are comma-separated strings; `none` is an absent value (`--config.d2=none`).
 """
 
@@ -19,6 +19,8 @@ def get_config(arg=None):
   c.context = 4096  # context length (cache positions) per request
   c.meshes = "1x8,2x4"  # mesh shapes DATAxMODEL
   c.batches = "1,2,4,8"  # requests per batch (padded to the data axis)
+  # models whose largest fitting batch per (mesh, method) to tabulate too ("": none)
+  c.largest_batch_models = "huginn:0125,ouro:1p4b,ouro:2p6b,raven_llama:3p2_1b,raven_llama:tinyllama,raven_olmo:2_1b"
   c.methods = "ar,loopspec"
   c.d1 = config_dict.placeholder(int)  # LoopSpec draft depth; none: max(1, R // 8)
   c.d2 = config_dict.placeholder(int)  # LoopSpec second-proposal depth; none: single proposal

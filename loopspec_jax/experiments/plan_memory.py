@@ -4,11 +4,15 @@ Sizes come from `jax.eval_shape` of the real state (parameters: `looped.abstract
 decode state: the prefill and `initial_state` of the decoder `generate` builds, sampling mode), laid out as
 `loopspec_jax.parallel.sharding` lays them out (the axes the state's dataclasses declare, the rules, and the
 fallback: a sharded dim holds shape / mesh-axis size per device; dims the mesh does not divide are
-replicated), so nothing is allocated and planning 8 or 16 devices works on one CPU. Activations and XLA
-workspace are not counted: keep some headroom below the flagged limit.
+replicated), so nothing is allocated and planning 8 or 16 devices works on one CPU. Heads the model axis
+does not divide are laid out as `generate` lays them out (`sharding.padded_config`: Huginn-0125's 55 heads
+become 56 on a model axis of 2, 4 or 8, so its attention weights and KV caches shard). Activations and XLA
+workspace are not counted: keep some headroom below the flagged limit. With `largest_batch_models`, a second
+table gives the largest batch that fits per (model, mesh, method).
 
   loopspec-plan-memory --config.models=huginn:0125,ouro:2p6b --config.dtype=bfloat16 --config.context=4096 \
-      --config.meshes=1x8,2x4 --config.batches=1,2,4,8 --config.device_memory_gib=16
+      --config.meshes=1x8,2x4 --config.batches=1,2,4,8 --config.device_memory_gib=16 \
+      --config.largest_batch_models=huginn:0125,ouro:1p4b,ouro:2p6b
 
 Settings: loopspec_jax/configs/plan_memory.py.
 """
@@ -107,17 +111,59 @@ def plan_row(
     memory_gib: float = 16.0,
     greedy: bool = False,
 ) -> dict:
-  """Bytes per device of every category of one configuration (batch padded to the data axis)."""
+  """Bytes per device of every category of one configuration (batch padded to the data axis).
+
+  The heads are laid out as `generate` and `load(..., mesh=)` lay them out on this mesh
+  (`sharding.padded_config`: repeated or zero-padded until the model axis divides them); `heads` records the
+  (query, KV) head counts used, `attention_overhead` their extra attention weights / KV in total.
+  """
   axis_sizes = dict(zip(sharding.MESH_AXES, mesh_shape))
   padded = -(-batch // axis_sizes["data"]) * axis_sizes["data"]
-  trees = abstract_states(cfg, padded, context, method, d1, d2, capacity, greedy)
+  laid = sharding.padded_config(cfg, axis_sizes, rules)
+  trees = abstract_states(laid, padded, context, method, d1, d2, capacity, greedy)
   row = {"batch": batch, "padded_batch": padded, "mesh": tuple(mesh_shape), "method": method}
+  row["heads"] = (laid.num_heads, laid.num_kv_heads)
+  row["attention_overhead"] = laid.num_heads / cfg.num_heads - 1
   for cat, tree in trees.items():
     kind = "params" if cat == "params" else "state"  # the state's dataclasses declare their axes
-    row[cat] = sharding.per_device_bytes(tree, kind, axis_sizes, rules, cfg)
+    row[cat] = sharding.per_device_bytes(tree, kind, axis_sizes, rules, laid)
   row["total"] = sum(row[c] for c in trees)
   row["fits"] = row["total"] <= memory_gib * GIB
   return row
+
+
+def largest_batch(
+    cfg,
+    context: int,
+    mesh_shape: tuple,
+    method: str,
+    rules=sharding.RULES,
+    d1=None,
+    d2=None,
+    capacity=None,
+    memory_gib: float = 16.0,
+    greedy: bool = False,
+    limit: int = 1 << 16,
+) -> dict:
+  """The plan row of the largest batch (a multiple of the data axis, at most `limit`) that fits `memory_gib`
+  per device, or of the smallest batch with `fits` False when none does.
+
+  Every leaf of the decode state holds the batch (or none of it), so the bytes per device are affine in the
+  batch: two plans (data and 2 x data requests) give the answer, a third confirms it.
+  """
+  data = int(mesh_shape[0])
+  row = lambda b: plan_row(cfg, b, context, mesh_shape, method, rules, d1, d2, capacity, memory_gib, greedy)
+  one, two = row(data), row(2 * data)
+  if not one["fits"]:
+    return one
+  per_group = two["total"] - one["total"]  # bytes per device of `data` more requests
+  groups = int((memory_gib * GIB - one["total"]) // per_group) + 1 if per_group else limit // data
+  groups = max(1, min(groups, limit // data))
+  best = row(groups * data)
+  while not best["fits"] and groups > 1:  # never taken while the bytes are affine
+    groups -= 1
+    best = row(groups * data)
+  return best
 
 
 def method_settings(cfg, method: str, d1=None, d2=None, capacity=None):
@@ -132,19 +178,39 @@ def method_settings(cfg, method: str, d1=None, d2=None, capacity=None):
   return label, d1, d2, cap
 
 
+def _heads(r) -> str:
+  h, kv = r["heads"]
+  return f"{h}" if h == kv else f"{h}/{kv}"
+
+
 def markdown(rows: list, memory_gib: float) -> str:
   g = lambda b: f"{b / GIB:.2f}"
   lines = [
-      "| model | mesh (data,model) | batch | method | params | committed KV | spec KV | lanes | other | "
+      "| model | mesh (data,model) | heads (q/kv) | batch | method | params | committed KV | spec KV | lanes | other | "
       f"total GiB/device | fits {memory_gib:g} GiB |",
-      "|" + "---|" * 11,
+      "|" + "---|" * 12,
   ]
   for r in rows:
     lines.append(
-        f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {r['batch']}"
+        f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {_heads(r)} | {r['batch']}"
         f"{'' if r['padded_batch'] == r['batch'] else ' (pad ' + str(r['padded_batch']) + ')'} | "
         f"{r['label']} | {g(r['params'])} | {g(r['committed_kv'])} | {g(r['spec_kv'])} | {g(r['lanes'])} | "
         f"{g(r['other'])} | {g(r['total'])} | {'yes' if r['fits'] else '**NO**'} |"
+    )
+  return "\n".join(lines)
+
+
+def largest_markdown(rows: list, memory_gib: float) -> str:
+  """The largest batch per (model, mesh, method) that fits `memory_gib` per device."""
+  lines = [
+      f"| model | mesh (data,model) | heads (q/kv) | head overhead | method | largest batch | GiB/device at it |",
+      "|" + "---|" * 7,
+  ]
+  for r in rows:
+    batch = r["batch"] if r["fits"] else f"none ({r['batch']}: {r['total'] / GIB:.2f} GiB)"
+    lines.append(
+        f"| {r['model']} | {r['mesh'][0]}x{r['mesh'][1]} | {_heads(r)} | {100 * r['attention_overhead']:+.1f}% | "
+        f"{r['label']} | {batch} | {r['total'] / GIB:.2f} |"
     )
   return "\n".join(lines)
 
@@ -170,10 +236,21 @@ def main(argv):
       f"dtype {f.dtype}, context {f.context}, {f.device_memory_gib:g} GiB per device; activations and "
       "workspace not counted"
   )
-  print(header + "\n\n" + table)
+  text = header + "\n\n" + table
+  largest = []
+  if f.largest_batch_models:
+    for spec in common.split_list(f.largest_batch_models):
+      cfg = model_config(spec, f.dtype, f.context)
+      for mesh_shape in meshes:
+        for method in common.split_list(f.methods):
+          label, d1, d2, cap = method_settings(cfg, method, f.d1, f.d2, f.lane_capacity)
+          row = largest_batch(cfg, f.context, mesh_shape, method, rules, d1, d2, cap, f.device_memory_gib)
+          largest.append({"model": spec, "label": label, **row})
+    text += "\n\nLargest batch per mesh\n\n" + largest_markdown(largest, f.device_memory_gib)
+  print(text)
   if f.out_dir and common.is_main_process():
-    common.atomic_write_text(os.path.join(f.out_dir, "plan_memory.md"), header + "\n\n" + table + "\n")
-    common.atomic_write_json(os.path.join(f.out_dir, "plan_memory.json"), rows)
+    common.atomic_write_text(os.path.join(f.out_dir, "plan_memory.md"), text + "\n")
+    common.atomic_write_json(os.path.join(f.out_dir, "plan_memory.json"), {"rows": rows, "largest": largest})
 
 
 def run():

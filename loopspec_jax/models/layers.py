@@ -20,10 +20,15 @@ NEG_INF = -1e30
 UNROLL_LAYERS = 0
 
 
-def rms_norm(x, w, eps):
-  """RMSNorm computed in float32, returned in x's dtype."""
+def rms_norm(x, w, eps, count=None):
+  """RMSNorm computed in float32, returned in x's dtype. `count`: the number of real entries of the last axis
+  to average over (the rest are zero padding, see ModelConfig.head_padding); None: all of them."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if count is None or count == x.shape[-1]:
+    ms = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+  else:
+    ms = jnp.sum(x32 * x32, axis=-1, keepdims=True) / count
+  y = x32 * jax.lax.rsqrt(ms + eps)
   return (w.astype(jnp.float32) * y).astype(x.dtype)
 
 
@@ -102,9 +107,9 @@ def attention_sublayer(p, x, pos, self_mask, ctx: Sequence[Segment], cfg: ModelC
   q = x @ p["wq"]
   k = x @ p["wk"]
   v = x @ p["wv"]
-  if cfg.qk_norm:  # OLMo-2: RMSNorm over the full projection width, before the head split
-    q = rms_norm(q, p["q_norm"], cfg.norm_eps)
-    k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+  if cfg.qk_norm:  # OLMo-2: RMSNorm over the full projection width (padding excluded), before the head split
+    q = rms_norm(q, p["q_norm"], cfg.norm_eps, cfg.real_q_width)
+    k = rms_norm(k, p["k_norm"], cfg.norm_eps, cfg.real_kv_width)
   q = q.reshape(b, s, h, d)
   k = k.reshape(b, s, kvh, d)
   v = v.reshape(b, s, kvh, d)

@@ -14,8 +14,16 @@ from `RULES`.
 Fallback (`fit_rules`, a pre-pass before flax's mapping, per array): a rule whose mesh axes do not divide its
 dimension is dropped for that array, so the dimension is replicated (or takes a later rule of the same
 name). Fused head dimensions (wq's H*D, wk's KV*D, ...) are checked in whole heads, so a shard never splits
-a head; e.g. Huginn-0125 has 55 heads, so on a model axis of 2, 4 or 8 its attention weights and KV caches
-are replicated while its MLP (17920 wide) and vocabulary (65536) are sharded.
+a head.
+
+Heads (`padded_config`, `pad_params`): before that, attention heads the model axis does not divide are laid
+out so that it does, exactly: GQA KV heads stored r times, then all-zero heads appended (a zero head attends
+uniformly to zero values and feeds zero rows of wo). Huginn-0125's 55 heads become 56 on a model axis of 2, 4
+or 8 (+1.8% attention weights and KV cache in total), so its attention weights and KV caches shard like its
+MLP and vocabulary instead of being replicated. `shard_params` (and so `load(..., mesh=)`, which also keeps
+the laid-out config as the model's) places the parameters laid out; the entry points run on the laid-out
+config and lay out parameters that were not (inside the program). A dimension that still does not divide
+(e.g. 3 requests on a data axis of 2) falls back to replication.
 
 Decode entry points run as `jax.jit` with explicit in/out shardings and donated state, under
 `jax.set_mesh(mesh)`, on inputs placed up front; `entry(fn, mesh)` returns that sharded version of one of
@@ -154,6 +162,153 @@ def plan(mesh, rules=None) -> MeshPlan:
   if any(t != AxisType.Auto for t in mesh.axis_types):  # jax.make_mesh defaults to Explicit axes
     mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
   return MeshPlan(mesh, normalize_rules(rules))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Head layout: heads a mesh axis does not divide are repeated (KV) or zero-padded so that they shard
+# ---------------------------------------------------------------------------------------------------
+def _axis_sizes(mesh) -> dict:
+  if isinstance(mesh, dict):
+    return dict(mesh)
+  return plan(mesh).axis_sizes
+
+
+def _rule_size(name: str, axis_sizes: dict, rules) -> int:
+  """Devices the first rule of `name` that names an axis of this mesh spreads it over (1: replicated)."""
+  for rule_name, target in rules:
+    if rule_name == name:
+      targets = [a for a in _mesh_axes(target) if a in axis_sizes]
+      if targets:
+        return math.prod(axis_sizes[a] for a in targets)
+  return 1
+
+
+def padded_config(cfg, mesh, rules=None):
+  """`cfg` with its attention heads laid out so that the mesh axes the rules give `kv_heads` and `heads`
+  divide them (the config every decoder uses on that mesh; `cfg` itself when they already do).
+
+  Two exact layouts, combined with the fewest heads in total: (1) GQA: every KV head stored r times (r
+  dividing the group size H/KV), its query heads split between the copies (`kv_repeat`; e.g. 4 KV heads on a
+  model axis of 8: r = 2, no padding); (2) zero KV heads appended, each with its zero query heads, up to the
+  next count the axes divide (`head_padding`): a zero head has q = k = 0 (Huginn's q/k bias is padded with
+  zeros too), so it attends uniformly to zero values and feeds zero rows of wo; OLMo's full-width q/k norms
+  average over the real entries only (`layers.rms_norm`). RoPE acts within a head, so it is unaffected. The
+  padded heads cost their share of the attention weights, KV cache and attention flops. Huginn-0125's 55
+  heads become 56 on a model axis of 2, 4 or 8 (+1.8% attention weights and KV cache in total, 1/m of them
+  per device instead of all). A config laid out for another mesh is only ever padded further (parameters
+  placed for it stay valid). `mesh`: a Mesh, a MeshPlan or a dict of axis sizes; `rules`: None for the
+  plan's (or `RULES`).
+  """
+  if cfg is None:
+    return None
+  if isinstance(mesh, MeshPlan) and rules is None:
+    rules = mesh.rules
+  rules = normalize_rules(rules)
+  sizes = _axis_sizes(mesh)
+  mk, mh = _rule_size("kv_heads", sizes, rules), _rule_size("heads", sizes, rules)
+  kv, h = cfg.num_kv_heads, cfg.num_heads
+  g = h // kv
+  if kv % mk == 0 and h % mh == 0:
+    return cfg
+  # Candidate repeats r (divisors of the group size g; only for a config not yet laid out): KV heads stored r
+  # times, then padded to a count kvp the axes divide. The least total (query heads, KV heads) wins.
+  repeats = [r for r in range(1, g + 1) if g % r == 0] if cfg.head_padding == 0 and cfg.kv_repeat == 1 else [1]
+  best = None
+  for r in repeats:
+    kvp = kv * r
+    while kvp % mk or (kvp * (g // r)) % mh:
+      kvp += 1
+    cand = (kvp * (g // r), kvp, r)
+    best = cand if best is None or cand < best else best
+  hp, kvp, r = best
+  return cfg.replace(
+      num_heads=hp, num_kv_heads=kvp, kv_repeat=cfg.kv_repeat * r, head_padding=cfg.head_padding + kvp - kv * r
+  )
+
+
+def _heads_of(x, axis: int, n: int, d: int):
+  """x with its fused head axis `axis` (n heads of d) split into [..., n, d, ...]."""
+  shape = list(x.shape)
+  return x.reshape(shape[:axis] + [n, d] + shape[axis + 1 :])
+
+
+def _expand_heads(x, axis: int, n_from: int, repeat: int, n_to: int, d: int):
+  """Heads of a fused axis (`axis`, n_from heads of width d) each repeated `repeat` times, then zero heads
+  appended up to n_to (numpy arrays stay numpy, so host parameters are laid out on the host)."""
+  xp = np if isinstance(x, np.ndarray) else jax.numpy
+  axis = axis % x.ndim
+  y = _heads_of(x, axis, n_from, d)
+  if repeat > 1:
+    y = xp.repeat(y, repeat, axis=axis)
+  pad = [(0, 0)] * y.ndim
+  pad[axis] = (0, n_to - n_from * repeat)
+  y = xp.pad(y, pad)
+  return y.reshape(x.shape[:axis] + (n_to * d,) + x.shape[axis + 1 :])
+
+
+def pad_params(params, cfg, cfg_to):
+  """Parameters of `cfg` laid out for `cfg_to = padded_config(cfg, ...)`: KV-head columns of wk / wv /
+  k_norm repeated, then zero heads appended to wq / wk / wv / q_norm / k_norm / qk_bias and zero rows to wo.
+  Works on arrays (numpy stays numpy) and on ShapeDtypeStructs; `cfg_to == cfg` returns `params` itself."""
+  if cfg_to == cfg:
+    return params
+  if jax.tree_util.tree_leaves(params) and isinstance(jax.tree_util.tree_leaves(params)[0], jax.ShapeDtypeStruct):
+    return jax.eval_shape(lambda p: pad_params(p, cfg, cfg_to), params)
+  if cfg_to.kv_repeat % cfg.kv_repeat or (cfg_to.kv_repeat != cfg.kv_repeat and cfg.head_padding):
+    raise ValueError(
+        f"cannot lay out {cfg.num_heads} / {cfg.num_kv_heads} heads (kv_repeat {cfg.kv_repeat}, padding "
+        f"{cfg.head_padding}) as {cfg_to.num_heads} / {cfg_to.num_kv_heads} (kv_repeat {cfg_to.kv_repeat})"
+    )
+  rep, d = cfg_to.kv_repeat // cfg.kv_repeat, cfg.head_dim
+  q = lambda x, axis: _expand_heads(x, axis, cfg.num_heads, 1, cfg_to.num_heads, d)
+  k = lambda x, axis: _expand_heads(x, axis, cfg.num_kv_heads, rep, cfg_to.num_kv_heads, d)
+  fused = {"wq": (q, -1), "wk": (k, -1), "wv": (k, -1), "wo": (q, -2), "q_norm": (q, -1), "k_norm": (k, -1)}
+
+  def one_stack(stack):
+    out = dict(stack)
+    for name, (fn, axis) in fused.items():
+      if name in out:
+        out[name] = fn(out[name], axis)
+    if "qk_bias" in out:  # [L, 2, H, D] (Huginn: MHA, so no repeat): zero heads appended
+      b = out["qk_bias"]
+      xp = np if isinstance(b, np.ndarray) else jax.numpy
+      pad = [(0, 0)] * b.ndim
+      pad[-2] = (0, cfg_to.num_heads - cfg.num_heads)
+      out["qk_bias"] = xp.pad(b, pad)
+    return out
+
+  check_params(params, cfg)
+  return {name: one_stack(v) if name in _STACKS else v for name, v in params.items()}
+
+
+def base_config(cfg):
+  """The config as trained: `cfg` with the head layout of `padded_config` undone."""
+  if cfg is None or (cfg.head_padding == 0 and cfg.kv_repeat == 1):
+    return cfg
+  kv = (cfg.num_kv_heads - cfg.head_padding) // cfg.kv_repeat
+  h = cfg.num_heads - cfg.head_padding * (cfg.num_heads // cfg.num_kv_heads)
+  return cfg.replace(num_kv_heads=kv, num_heads=h, head_padding=0, kv_repeat=1)
+
+
+def check_params(params, cfg):
+  """Raises ValueError unless the attention weights of `params` have the head counts of `cfg`."""
+  for name in _STACKS:
+    if name in params and "wq" in params[name]:
+      wq, wk = params[name]["wq"].shape[-1], params[name]["wk"].shape[-1]
+      want = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+      if (wq, wk) != want:
+        raise ValueError(
+            f"parameters have q / k widths {(wq, wk)}, the config {want} ({cfg.num_heads} heads, "
+            f"{cfg.num_kv_heads} KV heads of {cfg.head_dim}); heads laid out for another mesh?"
+        )
+
+
+def params_match(params, cfg) -> bool:
+  try:
+    check_params(params, cfg)
+  except ValueError:
+    return False
+  return True
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,8 +455,13 @@ def place(tree, shardings):
 
 
 def shard_params(params, cfg, mesh, rules=None):
-  """Places the parameters on the mesh as the rules say (`load(..., mesh=)` calls this)."""
-  return place(params, param_shardings(params, cfg, mesh, rules))
+  """Places the parameters on the mesh as the rules say, in the head layout of `padded_config(cfg, mesh)`
+  (`load(..., mesh=)` calls this and keeps that config as the model's): heads the model axis does not divide
+  are repeated or zero-padded first (`pad_params`), so attention weights and KV caches shard too."""
+  mesh_plan = plan(mesh, rules)
+  cfg_to = padded_config(cfg, mesh_plan)
+  params = pad_params(params, cfg, cfg_to)
+  return place(params, tree_shardings(params, "params", mesh_plan, cfg_to))
 
 
 def to_host(tree, skip=("cache", "spec")):
@@ -393,7 +553,7 @@ def entry(fn, mesh, rules=None):
   raw = getattr(fn, "__wrapped__", fn)
   sig = inspect.signature(raw)
 
-  def call(*args, **kwargs):
+  def prepare(*args, **kwargs):  # -> (jitted function, placed arguments, output kind)
     bound = sig.bind(*args, **kwargs)
     bound.apply_defaults()
     values = list(bound.arguments.items())
@@ -401,19 +561,28 @@ def entry(fn, mesh, rules=None):
     arrays = tuple(v for _, v in values[: len(kinds)])
     static = tuple(values[len(kinds) :])
     cfg = dict(static).get("cfg")
-    in_sh = tuple(tree_shardings(a, k, mesh_plan, cfg) for a, k in zip(arrays, kinds))
+    cfg_to = padded_config(cfg, mesh_plan)  # the head layout of this mesh (cfg itself when heads divide)
+    static = tuple((k, cfg_to if k == "cfg" else v) for k, v in static)
+    # Parameters still in cfg's head layout (not placed by `shard_params`) are laid out inside the program.
+    pad = tuple(k == "params" and cfg_to != cfg and not params_match(a, cfg_to) for a, k in zip(arrays, kinds))
+    in_sh = tuple(tree_shardings(a, k, mesh_plan, cfg if p else cfg_to) for a, k, p in zip(arrays, kinds, pad))
     leaves, treedef = jax.tree_util.tree_flatten(in_sh)
-    key = (name, mesh_plan, static, treedef, tuple(leaves))
+    key = (name, mesh_plan, static, treedef, tuple(leaves), pad, cfg if any(pad) else None)
     if key not in _JITS:
-      fun = lambda *a: raw(*a, **dict(static))
+
+      def lay_out(x):  # cfg's parameters in cfg_to's head layout, sharded as the rules say
+        x = pad_params(x, cfg, cfg_to)
+        return jax.lax.with_sharding_constraint(x, tree_shardings(x, "params", mesh_plan, cfg_to))
+
+      fun = lambda *a: raw(*(lay_out(x) if p else x for x, p in zip(a, pad)), **dict(static))
       if isinstance(out, int):
         out_sh = in_sh[out]
       else:
         shapes = jax.eval_shape(fun, *arrays)
         out_sh = (
-            tree_shardings(shapes, out, mesh_plan, cfg)
+            tree_shardings(shapes, out, mesh_plan, cfg_to)
             if isinstance(out, str)
-            else tuple(tree_shardings(x, k, mesh_plan, cfg) for x, k in zip(shapes, out))
+            else tuple(tree_shardings(x, k, mesh_plan, cfg_to) for x, k in zip(shapes, out))
         )
 
       def traced(*a):
@@ -424,11 +593,24 @@ def entry(fn, mesh, rules=None):
     jitted, _ = _JITS[key]
     with jax.set_mesh(mesh_plan.mesh):
       placed = place(arrays, in_sh)
+    return jitted, placed, out
+
+  def call(*args, **kwargs):
+    jitted, placed, out = prepare(*args, **kwargs)
+    with jax.set_mesh(mesh_plan.mesh):
       result = jitted(*placed)
     LAST_SHARDINGS[name] = jax.tree_util.tree_map(lambda x: x.sharding, result)
     return to_host(result) if isinstance(out, int) else result
 
+  def lower(*args, **kwargs):
+    """The `jax.stages.Lowered` of the sharded program for these arguments (`.compile().as_text()`: its
+    optimised, SPMD-partitioned HLO, per-device shapes); nothing runs and nothing is donated."""
+    jitted, placed, _ = prepare(*args, **kwargs)
+    with jax.set_mesh(mesh_plan.mesh):
+      return jitted.lower(*placed)
+
   call.__name__ = f"sharded_{fn.__name__}"
+  call.lower = lower
   return call
 
 
@@ -436,5 +618,5 @@ def jit_cache_sizes() -> list:
   """(entry name, mesh shape, static args, compiled programs) of every sharded wrapper built so far."""
   return [
       (name, tuple(mesh_plan.mesh.shape.values()), dict(static), jitted._cache_size())
-      for (name, mesh_plan, static, _, _), (jitted, _) in _JITS.items()
+      for (name, mesh_plan, static, *_), (jitted, _) in _JITS.items()
   ]
