@@ -57,9 +57,7 @@ def load(
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), np_params)
     model = LoopedModel(cfg, params, native.load_tokenizer(path), source=path)
   if mesh is not None:  # heads laid out for the mesh (sharding.padded_config): the config follows the parameters
-    cfg = sharding.padded_config(model.config, sharding.plan(mesh, sharding_rules))
-    params = sharding.shard_params(model.params, model.config, mesh, sharding_rules)
-    model = dataclasses.replace(model, config=cfg, params=params)
+    model = sharding.shard_model(model, mesh, sharding_rules)
   return model
 
 

@@ -126,7 +126,7 @@ def main(argv):
   if cfg.mesh:
     mc = mesh_configs.resolve(cfg.mesh)
     mesh = sharding.plan(sharding.mesh_from_config(mc), sharding.rules_from_config(mc))
-    model = type(model)(model.config, sharding.shard_params(model.params, model.config, mesh), model.tokenizer)
+    model = sharding.shard_model(model, mesh)
   t0 = time.perf_counter()
   rows = benchmark(model, cfg, mesh, progress=lambda s: print(s, flush=True))
   labels = [common.method_label(*common.parse_method(m)) for m in cfg.methods]

@@ -464,6 +464,13 @@ def shard_params(params, cfg, mesh, rules=None):
   return place(params, tree_shardings(params, "params", mesh_plan, cfg_to))
 
 
+def shard_model(model, mesh, rules=None):
+  """`model` (a LoopedModel) with its parameters placed by `shard_params` and its config in the same head layout
+  (`padded_config`), so the decoders see the padded head count the parameters have."""
+  cfg_to = padded_config(model.config, plan(mesh, rules))
+  return dataclasses.replace(model, config=cfg_to, params=shard_params(model.params, model.config, mesh, rules))
+
+
 def to_host(tree, skip=("cache", "spec")):
   """With several processes, gathers the leaves the host reads (not KV stores) into full local arrays."""
   if jax.process_count() == 1:
