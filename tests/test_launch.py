@@ -35,6 +35,65 @@ def test_local_dry_run():
     assert out.returncode == 0 and "-m loopspec_jax.experiments.demo" in out.stdout, out.stdout
 
 
+def test_local_multiprocess_dry_run_prints_one_command_per_process():
+  out = _run(
+      "local.sh",
+      "--dry-run",
+      "--processes",
+      "3",
+      "--cpu-devices",
+      "2",
+      "--port",
+      "4567",
+      "multihost_check",
+      "--config.x=1",
+  )
+  assert out.returncode == 0, out.stderr
+  cmds = [l for l in out.stdout.splitlines() if l.startswith("+ [p")]
+  assert [c[: len("+ [p0]")] for c in cmds] == ["+ [p0]", "+ [p1]", "+ [p2]"]
+  for i, c in enumerate(cmds):
+    for part in (
+        "LOOPSPEC_COORDINATOR=127.0.0.1:4567",
+        "LOOPSPEC_NUM_PROCESSES=3",
+        f"LOOPSPEC_PROCESS_ID={i} ",
+        "LOOPSPEC_CPU_DEVICES=2",
+        "--xla_force_host_platform_device_count=2",
+        "JAX_PLATFORMS=cpu",
+        "LOOPSPEC_HEARTBEAT_TIMEOUT=",  # bounded timeouts, exported to every process
+        "LOOPSPEC_INIT_TIMEOUT=",
+        "LOOPSPEC_SHUTDOWN_TIMEOUT=",
+        "-m loopspec_jax.experiments.multihost_check --config.x=1",
+    ):
+      assert part in c, (part, c)
+  # the environment's timeouts and XLA flags are kept; one process with simulated devices is one command
+  out = _run(
+      "local.sh",
+      "--dry-run",
+      "--processes=2",
+      "demo",
+      LOOPSPEC_HEARTBEAT_TIMEOUT="9",
+      XLA_FLAGS="--xla_dump_to=/tmp/x",
+  )
+  assert out.returncode == 0 and "LOOPSPEC_HEARTBEAT_TIMEOUT=9 " in out.stdout and "127.0.0.1:PORT" in out.stdout
+  out = _run("local.sh", "--dry-run", "--cpu-devices", "4", "demo", XLA_FLAGS="--xla_dump_to=/tmp/x")
+  assert out.returncode == 0 and "+ [p" not in out.stdout
+  assert "--xla_dump_to=/tmp/x\\ --xla_force_host_platform_device_count=4" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--processes", "0", "demo"], "--processes must be a positive integer"),
+        (["--cpu-devices", "x", "demo"], "--cpu-devices must be a positive integer"),
+        (["--port"], "usage:"),
+        (["--nodes", "2", "demo"], "unknown option --nodes"),
+    ],
+)
+def test_local_rejects_bad_options(args, message):
+  out = _run("local.sh", "--dry-run", *args)
+  assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
 def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
   out = _run(
       "tpu_vm.sh",
