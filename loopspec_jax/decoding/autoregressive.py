@@ -73,7 +73,7 @@ def decode_loop(
     if greedy:
       y = sampling.greedy_token(logits)
     else:
-      probs = sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)
+      probs = common.row_distributions(logits, sp)
       keys = jax.vmap(lambda r, p: sampling.request_key(sp.base_key, r, p, sampling.PURPOSE_AR))(
           sp.request_ids, pos + 1
       )
@@ -83,7 +83,7 @@ def decode_loop(
     )
     return DecodeState(cache=cache, tokens=tokens, length=length, n_new=n_new, done=done, iterations=st.iterations + 1)
 
-  return common.loop_until_done(body, state)
+  return common.loop_until_done(body, state, sp)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -127,7 +127,7 @@ def incremental_readouts(params, tokens, *, cfg: ModelConfig, split: int):
     q = jnp.full((b, 1), p, jnp.int32)
     mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p, (b, 1, t))
     e, k, v = M.pre(params, tokens[:, p : p + 1], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
-    cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))  # after the prelude's reads: no copy
+    cache = kvcache.write_prelude(cache, k, v, q)
     s = M.initial_state(e, cfg)
     per_depth = []
     for i in range(cfg.recurrence):

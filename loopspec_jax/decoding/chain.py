@@ -60,9 +60,7 @@ def decode_loop(
   r = cfg.recurrence
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
   params = M.prepare_params(params, cfg)
-  process = functools.partial(
-      sampling.process_logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
-  )
+  process = functools.partial(common.row_distributions, sp=sp)
   s_len = gamma + 1
 
   def draft_position(cache, tok, q, mask, one):
@@ -143,7 +141,7 @@ def decode_loop(
         iterations=st.iterations + 1,
     )
 
-  return common.loop_until_done(round_, state)
+  return common.loop_until_done(round_, state, sp)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

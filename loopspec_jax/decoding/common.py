@@ -32,27 +32,50 @@ from loopspec_jax.parallel.logical import axes_field
 # ---------------------------------------------------------------------------------------------------
 @flax.struct.dataclass
 class SamplingParams:
-  """Traced sampling settings shared by every decoder (greedy is a static flag, not in here)."""
+  """Traced sampling settings shared by every decoder (greedy is a static flag, not in here).
 
-  temperature: jax.Array = axes_field()  # []
-  top_k: jax.Array = axes_field()  # []
-  top_p: jax.Array = axes_field()  # []
+  temperature / top_k / top_p are per request ([B]: a serving engine mixes greedy rows, temperature 0, with
+  sampled ones in one compiled program); `row_distributions` broadcasts them to the logits' leading shape.
+  `tick_budget` (None in `generate`): when set, `loop_until_done` also stops after that many iterations or
+  as soon as a request finishes, so a serving engine can return to the host between bounded runs.
+  """
+
+  temperature: jax.Array = axes_field("batch")  # [B]
+  top_k: jax.Array = axes_field("batch")  # [B]
+  top_p: jax.Array = axes_field("batch")  # [B]
   base_key: jax.Array = axes_field("key")  # [2] the run's PRNG key
   request_ids: jax.Array = axes_field("batch")  # [B]
   eos_id: jax.Array = axes_field()  # [] (-1: none)
   max_new: jax.Array = axes_field("batch")  # [B]
+  tick_budget: Optional[jax.Array] = axes_field(default=None)  # [] iterations per loop call (None: until done)
 
 
 def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None):
+  """SamplingParams for n requests; max_new_tokens, temperature, top_k, top_p are scalars or per-request [n]."""
   rid = np.arange(n) if request_ids is None else np.asarray(request_ids)
+  per = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (n,))
   return SamplingParams(
-      temperature=jnp.float32(temperature),
-      top_k=jnp.int32(top_k),
-      top_p=jnp.float32(top_p),
+      temperature=per(temperature, jnp.float32),
+      top_k=per(top_k, jnp.int32),
+      top_p=per(top_p, jnp.float32),
       base_key=jax.random.PRNGKey(seed),
       request_ids=jnp.asarray(rid, jnp.int32),
       eos_id=jnp.int32(-1 if eos_id is None else eos_id),
-      max_new=jnp.full((n,), max_new_tokens, jnp.int32),
+      max_new=per(max_new_tokens, jnp.int32),
+  )
+
+
+def row_distributions(logits, sp: SamplingParams):
+  """`sampling.process_logits` (sampled kernel) of logits [B, ..., V] with each request's own settings.
+
+  The per-request temperature / top_k / top_p [B] are broadcast to the logits' leading shape [B, ...]
+  (AR [B, V]; chain [B, V] and [B, S, V]; LoopSpec endpoint rows [B, nR * W, V]). Rows at temperature 0 get
+  one-hot(argmax), so a greedy request decodes token for token as with the greedy kernels.
+  """
+  lead = logits.shape[:-1]
+  per_row = lambda x: jnp.broadcast_to(jnp.reshape(x, x.shape + (1,) * (len(lead) - x.ndim)), lead)
+  return sampling.process_logits(
+      logits, greedy=False, temperature=per_row(sp.temperature), top_k=per_row(sp.top_k), top_p=per_row(sp.top_p)
   )
 
 
@@ -104,9 +127,21 @@ def fresh_counters(tokens, lengths) -> dict:
   return {"tokens": tokens, "length": lengths, "n_new": jnp.zeros((b,), jnp.int32), "done": jnp.zeros((b,), bool)}
 
 
-def loop_until_done(body, state):
-  """The decode loop: `body` until every request is done, on device (no host round trip per token or tick)."""
-  return jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+def loop_until_done(body, state, sp: Optional[SamplingParams] = None):
+  """The decode loop: `body` until every request is done, on device (no host round trip per token or tick).
+
+  With `sp.tick_budget` set (a serving engine), the loop also stops after that many iterations, or after the
+  first iteration in which a request not done at entry finishes (so the host can retire it and admit another).
+  """
+  if sp is None or sp.tick_budget is None:
+    return jax.lax.while_loop(lambda st: ~jnp.all(st.done), body, state)
+  done0 = state.done
+
+  def cond(carry):
+    st, i = carry
+    return (i < sp.tick_budget) & ~jnp.all(st.done) & ~jnp.any(st.done & ~done0)
+
+  return jax.lax.while_loop(cond, lambda carry: (body(carry[0]), carry[1] + 1), (state, jnp.int32(0)))[0]
 
 
 def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):

@@ -153,7 +153,7 @@ def core_steps(
 
 def distributions(logits, sp: common.SamplingParams):
   """The shared logits processing (temperature, top-k, top-p) of sampled decoding, [..., V] float32."""
-  return sampling.process_logits(logits, greedy=False, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)
+  return common.row_distributions(logits, sp)
 
 
 def lane_keys(sp: common.SamplingParams, pos, purpose):
@@ -393,4 +393,4 @@ def decode_loop(
 ):
   """Ticks until every request is done; the loop never returns to the host."""
   tick = make_tick(M.prepare_params(params, cfg), sp, cfg, shape, greedy, random_init)
-  return common.loop_until_done(tick, state)
+  return common.loop_until_done(tick, state, sp)
