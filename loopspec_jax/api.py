@@ -19,6 +19,8 @@ from loopspec_jax.checkpoint import native
 from loopspec_jax.decoding import autoregressive
 from loopspec_jax.decoding import chain
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding import draft
+from loopspec_jax.decoding import lookup
 from loopspec_jax.decoding.common import GenerateResult
 from loopspec_jax.decoding.loopspec import decoder as loopspec
 from loopspec_jax.models import looped as M
@@ -27,8 +29,14 @@ from loopspec_jax.parallel import sharding
 
 bundled_models = native.bundled_models
 save = native.save
-METHODS = ("ar", "chain", "loopspec")
-_METHOD_ARGS = {"ar": (), "chain": ("d1", "gamma"), "loopspec": ("d1", "d2", "lane_capacity")}
+METHODS = ("ar", "chain", "loopspec", "draft", "lookup")
+_METHOD_ARGS = {
+    "ar": (),
+    "chain": ("d1", "gamma"),
+    "loopspec": ("d1", "d2", "lane_capacity"),
+    "draft": ("draft_model", "gamma"),
+    "lookup": ("ngram", "gamma"),
+}
 
 __all__ = ["GenerateResult", "LoopedModel", "bundled_models", "from_config", "generate", "load", "readouts", "save"]
 
@@ -96,7 +104,7 @@ def _make_decoder(method: str, cfg, greedy: bool, random_init: bool, method_args
   if err:
     raise ValueError(err)
   kw = {k: method_args.get(k) for k in _METHOD_ARGS[method]}
-  module = {"ar": autoregressive, "chain": chain, "loopspec": loopspec}[method]
+  module = {"ar": autoregressive, "chain": chain, "loopspec": loopspec, "draft": draft, "lookup": lookup}[method]
   return module.make_decoder(cfg, greedy=greedy, random_init=random_init, **kw)
 
 
@@ -114,20 +122,25 @@ def generate(
     init_state: str = "zeros",
     d1: Optional[int] = None,
     d2: Optional[int] = None,
-    gamma: Optional[int] = None,
+    gamma=None,
     lane_capacity: Optional[int] = None,
     request_ids=None,
     mesh=None,
     speculate_max_batch: Optional[int] = None,
     sharding_rules=None,
+    draft_model: Optional[LoopedModel] = None,
+    ngram: Optional[int] = None,
 ) -> GenerateResult:
-  """Decodes `prompts` (lists of token ids) with method 'ar', 'chain' (d1, gamma) or 'loopspec' (d1, d2).
+  """Decodes `prompts` (lists of token ids) with method 'ar', 'chain' (d1, gamma), 'loopspec' (d1, d2),
+  'draft' (draft_model, gamma: a separate small model drafts) or 'lookup' (ngram, gamma: prompt lookup).
 
   Every method is lossless with respect to full-depth decoding. Returns new tokens per prompt and stats.
   `mesh`: a jax Mesh with axes 'data' (requests) and 'model' (heads, MLP, vocab); the batch is padded to a
   multiple of the data-axis size with dummy requests, dropped from the result (see parallel/sharding.py).
   `speculate_max_batch=K`: batches of more than K requests decode with 'ar' instead (speculation stops
   paying once a batch is compute-bound; experiments/batch_bench.py measures where).
+  `gamma="auto"` (chain, draft, lookup): each request picks its draft length from its own past acceptance
+  (decoding/adaptive.py). `draft_model` must share the target's vocabulary and tokenizer (else ValueError).
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:
@@ -139,7 +152,18 @@ def generate(
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
   greedy = float(temperature) == 0.0
   random_init = init_state == "random"
-  method_args = {"d1": d1, "d2": d2, "gamma": gamma, "lane_capacity": lane_capacity}
+  method_args = {
+      "d1": d1,
+      "d2": d2,
+      "gamma": gamma,
+      "lane_capacity": lane_capacity,
+      "draft_model": draft_model,
+      "ngram": ngram,
+  }
+  if method == "draft" and draft_model is not None:
+    draft.check_compatible(model, draft_model)
+    if mesh is not None:
+      raise NotImplementedError("method='draft' does not run on a mesh yet (the drafter's parameters are not placed)")
   decoder = _make_decoder(method, cfg, greedy, random_init, method_args)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch and method != "ar":
     decoder = _make_decoder("ar", cfg, greedy, random_init, {})  # large batches are compute-bound

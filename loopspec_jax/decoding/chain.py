@@ -4,6 +4,8 @@ One round: gamma + 1 positions each run `pre` and d1 core steps one after anothe
 depth-d1 readout of position j), then all gamma + 1 positions run the remaining depths d1..R in ONE batched
 pass, are read out at R and verified left to right (standard rule plus a bonus token). Drafts are written
 straight into the committed cache; rejected positions are rolled back by length (masked, later overwritten).
+`gamma="auto"` compiles for `adaptive.AUTO_MAX_GAMMA` and offers each request the gamma its past acceptance
+calls for (decoding/adaptive.py); drafting positions past the batch's largest are skipped (`lax.cond`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopspec_jax.analysis import theory
+from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -34,6 +37,9 @@ class ChainState:
   done: jax.Array = axes_field("batch")  # [B]
   rounds: jax.Array = axes_field("batch")  # [B] verify passes per request
   accepted: jax.Array = axes_field("batch")  # [B] drafts accepted
+  drafted: jax.Array = axes_field("batch")  # [B] drafts offered to verification
+  acc_num: jax.Array = axes_field("batch")  # [B] float32 decayed accepted count (gamma="auto")
+  acc_den: jax.Array = axes_field("batch")  # [B] float32 decayed examined count (gamma="auto")
   iterations: jax.Array = axes_field()  # [] rounds of the batched loop
 
 
@@ -41,11 +47,12 @@ def validate(cfg: ModelConfig, d1, gamma):
   r = cfg.recurrence
   if d1 is None or int(d1) != d1 or not 1 <= d1 < r:
     raise ValueError(f"chain needs an integer draft depth 1 <= d1 < R={r}, got {d1!r}")
-  if gamma is None or int(gamma) != gamma or gamma < 1:
-    raise ValueError(f"chain needs an integer gamma >= 1, got {gamma!r}")
+  adaptive.parse_gamma("chain", gamma)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init"), donate_argnames=("state",))
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init", "auto"), donate_argnames=("state",)
+)
 def decode_loop(
     params,
     state: ChainState,
@@ -56,12 +63,23 @@ def decode_loop(
     gamma: int,
     greedy: bool,
     random_init: bool,
+    auto: bool = False,
 ):
   r = cfg.recurrence
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
   params = M.prepare_params(params, cfg)
   process = functools.partial(common.row_distributions, sp=sp)
   s_len = gamma + 1
+  # gamma="auto" costs in layer calls: a drafting position, and what every round pays (one drafting position
+  # plus the verify pass over depths d1..R).
+  auto_costs = (
+      float(adaptive.layer_calls(cfg, d1)),
+      float(
+          adaptive.layer_calls(cfg, d1)
+          + adaptive.layer_calls(cfg, r, coda=True)
+          - adaptive.layer_calls(cfg, d1, coda=False)
+      ),
+  )
 
   def draft_position(cache, tok, q, mask, one):
     """pre + d1 core steps + readout at d1 of one position q [B, 1] per request; writes its cache entries."""
@@ -84,11 +102,21 @@ def decode_loop(
     cache = st.cache
     states, injections, drafts, qs = [], [], [], []
     tok = st.tokens[bi, p0]
+    if auto:  # this round's drafts per request, from past rounds only (decoding/adaptive.py)
+      n_max = adaptive.choose_gamma(st.acc_num, st.acc_den, gamma, *auto_costs)
+      n_max = jnp.where(st.done, 0, jnp.minimum(n_max, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
+      n_run = jnp.max(n_max)
     # Drafting: gamma + 1 positions, one at a time, to depth d1.
     for j in range(s_len):
       q = (p0 + j)[:, None]
       mask = jnp.arange(t)[None, None, :] < q[:, :, None]
-      s, e, logits, cache = draft_position(cache, tok, q, mask, one)
+      if auto and j >= 2:  # position j is needed only when some request offers >= j drafts
+        skip = lambda c, like=(states[0], injections[0], logits): tuple(map(jnp.zeros_like, like)) + (c,)
+        s, e, logits, cache = jax.lax.cond(
+            j <= n_run, lambda c, tok=tok, q=q, mask=mask: draft_position(c, tok, q, mask, one), skip, cache
+        )
+      else:
+        s, e, logits, cache = draft_position(cache, tok, q, mask, one)
       states.append(s)
       injections.append(e)
       if j < gamma:
@@ -115,18 +143,27 @@ def decode_loop(
     drafts_arr = jnp.stack(drafts, axis=1)  # [B, G]
     if greedy:  # accept the longest prefix of drafts that equal the target's argmax, then its next token
       target = sampling.greedy_token(logits)  # [B, S]
-      match = (drafts_arr == target[:, :gamma]).astype(jnp.int32)
+      match = drafts_arr == target[:, :gamma]
+      if auto:
+        match = match & (jnp.arange(gamma)[None, :] < n_max[:, None])
+      match = match.astype(jnp.int32)
       n_acc = jnp.sum(jnp.cumprod(match, axis=1), axis=1)
       nxt = target[bi, n_acc]
     else:
       vkeys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_VERIFY))(
           sp.request_ids, p0 + 1
       )
-      n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
+      if auto:
+        n_acc, nxt = jax.vmap(verify.verify_chain_upto)(
+            vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1), n_max
+        )
+      else:
+        n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
     # Commit n_acc drafts and the next token, within the budget and up to the first eos.
     cand = jnp.concatenate([drafts_arr, jnp.zeros((b, 1), jnp.int32)], axis=1)
     cand = cand.at[bi, n_acc].set(nxt)
     live = ~st.done
+    num, den = adaptive.update(st.acc_num, st.acc_den, n_acc, n_max, live) if auto else (st.acc_num, st.acc_den)
     tokens, length, n_new, done, n_commit = common.commit_tokens(
         st.tokens, st.length, st.n_new, st.done, cand, n_acc + 1, sp
     )
@@ -138,6 +175,9 @@ def decode_loop(
         done=done,
         rounds=st.rounds + live,
         accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+        drafted=st.drafted + jnp.where(live, n_max if auto else gamma, 0),
+        acc_num=num,
+        acc_den=den,
         iterations=st.iterations + 1,
     )
 
@@ -148,38 +188,66 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
   del sp, cfg
   zb = jnp.zeros((tokens.shape[0],), jnp.int32)
+  num, den = adaptive.initial_counts(tokens.shape[0])
   return ChainState(
-      cache=cache, **common.fresh_counters(tokens, lengths), rounds=zb, accepted=zb, iterations=jnp.int32(0)
+      cache=cache,
+      **common.fresh_counters(tokens, lengths),
+      rounds=zb,
+      accepted=zb,
+      drafted=zb,
+      acc_num=num,
+      acc_den=den,
+      iterations=jnp.int32(0),
   )
 
 
-def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int) -> common.DecodeStats:
+def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int, auto: bool = False) -> common.DecodeStats:
+  """Chain stats. With gamma="auto" the acceptance rate is per offered draft, and the critical path of a round
+  that offered g drafts is (g + 1) d1 + R - d1 recurrent steps (per request)."""
   r = cfg.recurrence
   n = int(np.asarray(st.n_new).sum())
   rounds = int(np.asarray(st.rounds).sum())
   accepted = int(np.asarray(st.accepted).sum())
+  drafted = int(np.asarray(st.drafted).sum())
   seq_steps = theory.chain_round_steps(r, d1, gamma)
+  if auto:
+    path = (drafted + rounds) * d1 + rounds * (r - d1)
+    mal = tpr = r * n / max(path, 1)
+  else:
+    mal, tpr = theory.chain_accepted_length(r, d1, gamma, n, rounds), n * r / max(rounds * seq_steps, 1)
+  draft_calls = (drafted + rounds) * adaptive.layer_calls(cfg, d1)
+  verify_calls = rounds * (adaptive.layer_calls(cfg, r) - adaptive.layer_calls(cfg, d1, coda=False))
+  per_request = {"rounds": np.asarray(st.rounds).tolist(), "accepted": np.asarray(st.accepted).tolist()}
+  extras = {
+      "d1": d1,
+      "gamma": "auto" if auto else gamma,
+      "rounds": rounds,
+      "tokens_per_round": n / max(rounds, 1),
+      "acceptance_rate": accepted / max(drafted if auto else rounds * gamma, 1),
+      "draft_cost_share": draft_calls / max(draft_calls + verify_calls, 1),
+      "per_request": per_request,
+  }
+  if auto:
+    per_request["drafted"] = np.asarray(st.drafted).tolist()
+    extras.update(gamma_max=gamma, drafted=drafted, mean_gamma=drafted / max(rounds, 1))
   return common.DecodeStats.of_loop(
       "chain",
       st,
       seq_steps,
-      mean_accepted_length=theory.chain_accepted_length(r, d1, gamma, n, rounds),
-      tokens_per_r_steps=n * r / max(rounds * seq_steps, 1),
+      mean_accepted_length=mal,
+      tokens_per_r_steps=tpr,
       commits={"first": accepted, "second": 0, "restart": n - accepted},
-      extras={
-          "d1": d1,
-          "gamma": gamma,
-          "rounds": rounds,
-          "tokens_per_round": n / max(rounds, 1),
-          "acceptance_rate": accepted / max(rounds * gamma, 1),
-          "per_request": {"rounds": np.asarray(st.rounds).tolist(), "accepted": np.asarray(st.accepted).tolist()},
-      },
+      extras=extras,
   )
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma) -> common.Decoder:
   validate(cfg, d1, gamma)
-  d1, gamma = int(d1), int(gamma)
+  gamma, auto = adaptive.parse_gamma("chain", gamma)
+  d1 = int(d1)
+  loop_kw = {"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init}
+  if auto:
+    loop_kw["auto"] = True
   return common.Decoder(
       name="chain",
       readout_depths=(d1, cfg.recurrence),
@@ -187,7 +255,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma
       extra_positions=gamma + 1,
       init=initial_state,
       loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma),
+      stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma, auto=auto),
       init_kw={"cfg": cfg},
-      loop_kw={"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init},
+      loop_kw=loop_kw,
   )

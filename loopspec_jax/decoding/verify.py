@@ -104,3 +104,27 @@ def verify_chain(key, p, drafts, q):
   q_pad = jnp.concatenate([q, jnp.zeros_like(p[:1])], axis=0)
   nxt = sample_with_uniform(us, residual(p[n], q_pad[n]))
   return n, nxt
+
+
+def verify_chain_upto(key, p, drafts, q, n_max):
+  """`verify_chain` that examines only the first n_max (traced int, 0..G) of the G drafts -> (n, next_token).
+
+  For draft lengths chosen per request at run time (`gamma="auto"`, prompt lookup without a match) under
+  static shapes [G]: drafts i >= n_max are never accepted and, when the first n_max are all accepted, the next
+  token is the bonus draw from p[n_max] itself (not a residual). This is standard verification of n_max
+  drafts, so it is exact whenever n_max does not depend on this round's uniforms or drafts. q may be one-hot
+  (prompt lookup: acceptance is then p_i(x_i) and the residual is p_i without x_i, renormalised).
+  """
+  p = jnp.asarray(p, jnp.float32)
+  q = jnp.asarray(q, jnp.float32)
+  drafts = jnp.asarray(drafts, jnp.int32)
+  g = drafts.shape[0]
+  uu = jax.random.uniform(key, (g + 1,), jnp.float32)
+  u, us = uu[:g], uu[g]
+  a = jax.vmap(acceptance_prob)(p[:g], q, drafts)
+  ok = (u < a) & (jnp.arange(g) < n_max)
+  n = jnp.sum(jnp.cumprod(ok.astype(jnp.int32))).astype(jnp.int32)
+  q_pad = jnp.concatenate([q, jnp.zeros_like(p[:1])], axis=0)
+  q_n = jnp.where(n < n_max, q_pad[n], 0.0)  # rejected draft n: residual; all n_max accepted: p[n_max] itself
+  nxt = sample_with_uniform(us, residual(p[n], q_n))
+  return n, nxt

@@ -1,4 +1,4 @@
-"""Side-by-side decoding benchmark: AR, chain and LoopSpec on the same prompts in one run.
+"""Side-by-side decoding benchmark: AR, chain, draft model, prompt lookup and LoopSpec on the same prompts in one run.
 
 Every method decodes every prompt (one request at a time, as the paper measures), after an untimed warm-up
 that compiles. Repeats are interleaved (method order rotated) so machine noise hits all methods alike; the
@@ -10,6 +10,11 @@ commit sources and gate-open rate.
   loopspec-bench                                          # configs/bench/default.py
   loopspec-bench --config=bench/bundled.py:quick          # a config of loopspec_jax/configs/, a preset
   python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
+  loopspec-bench --config=bench/bundled.py:baselines     # + draft model, prompt lookup, gamma=auto
+
+Method specs are 'name:arg=value,...': integers, 'none', 'auto' (gamma) and, for draft_model, a bundled
+model name or checkpoint directory (loaded once). With `table = 'baselines'` the report adds tokens per
+verify pass, acceptance and draft cost share (the speculative baselines' columns).
 """
 
 from __future__ import annotations
@@ -37,9 +42,75 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
+_DRAFTERS: dict = {}  # draft_model spec -> LoopedModel (loaded once per process)
+SPECULATIVE = ("chain", "draft", "lookup")
+
+
+def parse_method(spec: str) -> tuple:
+  """`common.parse_method` plus the baselines' non-integer values: gamma=auto and draft_model=<name or dir>."""
+  name, _, rest = spec.strip().partition(":")
+  special, plain = {}, []
+  for item in filter(None, (x.strip() for x in rest.split(","))):
+    k, _, v = item.partition("=")
+    if k.strip() == "draft_model" or v.strip() == "auto":
+      special[k.strip()] = v.strip()
+    else:
+      plain.append(item)
+  name, kw = common.parse_method(name + (":" + ",".join(plain) if plain else ""))
+  return name, {**kw, **special}
+
+
+def method_label(name: str, kw: dict) -> str:
+  """`common.method_label` without the drafter's name (the table's text names it): 'draft(gamma=4)'."""
+  return common.method_label(name, {k: v for k, v in kw.items() if k != "draft_model"})
+
+
+def _resolve(kw: dict) -> dict:
+  spec = kw.get("draft_model")
+  if isinstance(spec, str):
+    if spec not in _DRAFTERS:
+      _DRAFTERS[spec] = loopspec_jax.load(spec)
+    kw = dict(kw, draft_model=_DRAFTERS[spec])
+  return kw
+
+
+def aggregate(stats: list, r: int) -> dict:
+  """`common.aggregate` plus the speculative baselines' columns, from the per-prompt stats of one method:
+  tokens_per_pass (tokens per full-depth verify pass: AR 1, chain / draft / lookup tokens per round),
+  acceptance (accepted / offered drafts; LoopSpec: the share of commits taken from a proposal) and
+  draft_cost_share (drafting's share of the layer calls, weighted by rounds)."""
+  method = stats[0]["method"]
+  auto = stats[0].get("gamma") == "auto"
+  tot = lambda k: sum(s.get(k, 0) for s in stats)
+  # common.aggregate knows AR, fixed-gamma chain and LoopSpec; the others get its method-independent fields.
+  plain = method in ("draft", "lookup") or (method == "chain" and auto)
+  out = common.aggregate([dict(s, method="other") for s in stats] if plain else stats, r)
+  n, c = out["tokens"], out["commits"]
+  if method in SPECULATIVE:
+    rounds = tot("rounds")
+    drafted = tot("drafted") if (method != "chain" or auto) else rounds * stats[0]["gamma"]
+    out.update(
+        rounds=rounds,
+        tokens_per_round=n / max(rounds, 1),
+        tokens_per_pass=n / max(rounds, 1),
+        acceptance=c["first"] / max(drafted, 1),
+        acceptance_rate=c["first"] / max(drafted, 1),
+        draft_cost_share=sum(s.get("draft_cost_share", 0.0) * s["rounds"] for s in stats) / max(rounds, 1),
+        mean_gamma=drafted / max(rounds, 1),
+    )
+    if plain:  # tokens per R-step execution, summed: per prompt tokens / mean_accepted_length R-step units
+      out["mean_accepted_length"] = n / max(sum(s["tokens_generated"] / s["mean_accepted_length"] for s in stats), 1e-9)
+  elif method == "ar":
+    out.update(tokens_per_pass=1.0, acceptance=None, draft_cost_share=0.0)
+  else:  # LoopSpec: no verify pass of its own; its accepted length is on the mean-accepted-length column
+    out.update(tokens_per_pass=None, acceptance=(c["first"] + c["second"]) / max(n, 1), draft_cost_share=None)
+  return out
+
+
 def run_method(model, prompts, name, kw, sampling, max_new_tokens, seed):
   """Decodes every prompt alone (request id = its index); per-prompt stats dicts and token lists."""
   stats, outputs = [], []
+  kw = _resolve(kw)
   for i, p in enumerate(prompts):
     res = loopspec_jax.generate(
         model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed, request_ids=[i], **sampling, **kw
@@ -62,8 +133,8 @@ def benchmark(
 ) -> dict:
   """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
   r = model.config.recurrence
-  parsed = [common.parse_method(m) for m in methods]
-  labels = [common.method_label(n, kw) for n, kw in parsed]
+  parsed = [parse_method(m) for m in methods]
+  labels = [method_label(n, kw) for n, kw in parsed]
   if labels[0] != "ar":
     raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
   times = {l: [] for l in labels}
@@ -81,7 +152,7 @@ def benchmark(
     for i in order:
       (name, kw), label = parsed[i], labels[i]
       st, _ = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
-      agg = common.aggregate(st, r)
+      agg = aggregate(st, r)
       times[label].append(agg["decode_seconds"])
       for j, s in enumerate(st):
         per_prompt[label][j].append(s["decode_seconds"])
@@ -123,6 +194,27 @@ def markdown_table(rows: list) -> str:
         f"{row['prompt_ratio_median']:.2f}x / {row['prompt_ratio_min']:.2f}x | {row['tokens_per_tick']:.2f} | {ms_tick:.2f} | "
         f"{row['core_step_calls_per_token']:.2f} | {c['first']}/{c['second']}/{c['restart']} | "
         f"{row['gate_open_rate']:.2f} | {'yes' if row['identical_to_ar'] else ('-' if row['sampling'] != 'greedy' else 'NO')} |"
+    )
+  return "\n".join(lines)
+
+
+def baselines_table(rows: list) -> str:
+  """The speculative baselines side by side: one line per (model, task, sampling, method)."""
+  head = (
+      "| model | task | sampling | method | tokens/pass | acceptance | mean gamma | draft cost share | mean acc. len "
+      "| tok/s (decode) | ratio vs AR | per-prompt median / min | ms/tick | identical |"
+  )
+  fmt = lambda x, f="{:.2f}": "-" if x is None else f.format(x)
+  lines = [head, "|" + "---|" * 14]
+  for row in rows:
+    ms_tick = 1e3 * row["decode_seconds_median"] / max(row["ticks"], 1)
+    same = "yes" if row["identical_to_ar"] else ("-" if row["sampling"] != "greedy" else "NO")
+    lines.append(
+        f"| {row['model']} | {row['task']} | {row['sampling']} | {row['method']} | {fmt(row.get('tokens_per_pass'))} | "
+        f"{fmt(row.get('acceptance'))} | {fmt(row.get('mean_gamma'))} | {fmt(row.get('draft_cost_share'))} | "
+        f"{row['mean_accepted_length']:.2f} | {row['tokens_per_second_median']:.1f} | "
+        f"{row['wall_clock_ratio_median']:.2f}x | {row['prompt_ratio_median']:.2f}x / {row['prompt_ratio_min']:.2f}x | "
+        f"{ms_tick:.2f} | {same} |"
     )
   return "\n".join(lines)
 
@@ -174,7 +266,7 @@ def main(argv):
         )
         for label, r in res.items():
           rows.append({"model": name, "task": task, "sampling": samp_name, "method": label, **r})
-  table = markdown_table(rows)
+  table = baselines_table(rows) if cfg.get("table") == "baselines" else markdown_table(rows)
   print(table)
   if common.is_main_process():
     os.makedirs(cfg.out_dir, exist_ok=True)

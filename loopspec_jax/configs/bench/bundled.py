@@ -4,6 +4,8 @@
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
   loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
   loopspec-bench --config=bench/bundled.py:targets  # the README table: 4 demo + 4 GSM8K prompts
+  loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (tiny-raven)
+  loopspec-bench --config=bench/bundled.py:baselines_quick  # the same, 2 + 2 prompts, 64 tokens, no auto rows
 
 Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
 proposals; greedy and sampling (T=1.0, top_p=0.7); medians of `repeats` interleaved repeats.
@@ -32,6 +34,7 @@ def get_config(arg=None):
       "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1", "loopspec:d1=1,d2=2"],
   }
   c.out_dir = "results/bench_bundled"
+  c.table = "default"  # or "baselines": tokens per verify pass, acceptance, draft cost share
   if arg == "two":  # the README table: two prompt sets, both samplings
     c.tasks = ["gsm8k", "shakespeare"]
     c.out_dir = "results/bench_bundled_two"
@@ -51,6 +54,44 @@ def get_config(arg=None):
         "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2"],
     }
     c.out_dir = "results/bench_targets"
-  if arg not in (None, "", "two", "quick", "targets"):
-    raise ValueError(f"unknown preset {arg!r}; known: two, quick, targets")
+  if arg == "baselines":  # the classic speculative decoders beside LoopSpec, on the same prompts, in one run
+    c.models = ["tiny-raven"]
+    c.tasks = ["demo", "gsm8k"]
+    c.num_prompts = 4
+    c.max_new_tokens = 96
+    c.table = "baselines"
+    c.repeats = 2  # lookup with gamma=auto is lookup at gamma 8 (free drafts), so it is left out
+    c.methods_by_model = {
+        "tiny-raven": [
+            "ar",
+            "chain:d1=2,gamma=8",
+            "chain:d1=2,gamma=auto",
+            "draft:draft_model=tiny-raven-draft,gamma=4",
+            "draft:draft_model=tiny-raven-draft,gamma=auto",
+            "lookup:ngram=3,gamma=4",
+            "loopspec:d1=2,d2=8",
+        ],
+    }
+    c.out_dir = "results/bench_baselines"
+  if arg == "baselines_quick":  # the same five methods at a size a busy 2-core machine finishes in ~30 minutes
+    c.models = ["tiny-raven"]
+    del c["tasks"], c["samplings"]  # as strings, so --config.tasks=gsm8k / --config.samplings=sample override them
+    c.tasks = "demo,gsm8k"
+    c.samplings = "greedy,sample"
+    c.num_prompts = 2
+    c.max_new_tokens = 64
+    c.repeats = 2
+    c.table = "baselines"
+    c.methods_by_model = {
+        "tiny-raven": [
+            "ar",
+            "chain:d1=2,gamma=8",
+            "draft:draft_model=tiny-raven-draft,gamma=4",
+            "lookup:ngram=3,gamma=4",
+            "loopspec:d1=2,d2=8",
+        ],
+    }
+    c.out_dir = "results/bench_baselines_quick"
+  if arg not in (None, "", "two", "quick", "targets", "baselines", "baselines_quick"):
+    raise ValueError(f"unknown preset {arg!r}; known: two, quick, targets, baselines, baselines_quick")
   return c

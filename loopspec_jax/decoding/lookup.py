@@ -1,0 +1,129 @@
+"""Prompt lookup (n-gram) speculation: drafts copied from earlier text, verified at full depth, zero draft cost.
+
+Each round, per request: the last `ngram` committed tokens are searched for in the committed text (prompt and
+generated tokens) before them; the most recent occurrence wins, and shorter suffixes are tried when the longest
+has none (down to one token). The drafts are the gamma tokens that followed that occurrence, continued
+periodically when they run into the present (a match c tokens back predicts period c). The target verifies
+them like any drafts (`draft.verify_round`: one full-depth pass over gamma + 1 positions); q is one-hot, so a
+draft is accepted with probability p(x) and a rejection draws from p without x, renormalised, which is exact.
+A request without any match offers no draft (its round commits one token from p). `gamma="auto"` is
+accepted for uniformity and picks the compiled maximum, since drafts cost nothing (`decoding/adaptive.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import adaptive
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding import draft
+from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import sharding
+
+DEFAULT_NGRAM = 3
+
+
+def ngram_drafts(tokens, length, ngram: int, gamma: int):
+  """Drafts [B, gamma] int32 and whether a match was found [B] for committed tokens [B, T] of length [B].
+
+  A match of the n-token suffix tokens[L-n:L] is a start j with tokens[j:j+n] equal to it and j + n <= L - 1
+  (at least one token follows it); the largest n in ngram..1 with a match, then the largest j, wins. Drafts
+  are tokens[c + (i mod (L - c))], i < gamma, for the continuation start c = j + n.
+  """
+  b, t = tokens.shape
+  bi = jnp.arange(b)
+  padded = jnp.pad(tokens, ((0, 0), (0, ngram)))
+  starts = jnp.arange(t)[None, :]
+  best = jnp.full((b,), -1, jnp.int32)  # continuation start c of the chosen match (-1: none yet)
+  for n in range(ngram, 0, -1):
+    ok = starts + n <= length[:, None] - 1
+    for i in range(n):
+      suffix_tok = tokens[bi, jnp.clip(length - n + i, 0, t - 1)]
+      ok = ok & (padded[:, i : i + t] == suffix_tok[:, None])
+    j = jnp.max(jnp.where(ok, starts, -1), axis=1)
+    best = jnp.where((best < 0) & (j >= 0), j + n, best)
+  found = best >= 0
+  c = jnp.where(found, best, 0)
+  period = jnp.maximum(length - c, 1)
+  idx = c[:, None] + jnp.arange(gamma)[None, :] % period[:, None]
+  drafts = jnp.take_along_axis(tokens, jnp.clip(idx, 0, t - 1), axis=1)
+  return drafts.astype(jnp.int32), found
+
+
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "ngram", "gamma", "auto", "greedy", "random_init"), donate_argnames=("state",)
+)
+def decode_loop(
+    params,
+    state: draft.SpecState,
+    sp: common.SamplingParams,
+    *,
+    cfg: ModelConfig,
+    ngram: int,
+    gamma: int,
+    auto: bool,
+    greedy: bool,
+    random_init: bool,
+):
+  """Rounds of n-gram lookup + one full-depth verify pass until every request is done."""
+  params = M.prepare_params(params, cfg)
+  fixed_cost = float(adaptive.layer_calls(cfg, cfg.recurrence))
+
+  def round_(st: draft.SpecState) -> draft.SpecState:
+    drafts, found = ngram_drafts(st.tokens, st.length, ngram, gamma)
+    n_max = draft.offered(st, sp, draft.gamma_of(st, gamma, auto, 0.0, fixed_cost))
+    n_max = jnp.where(found, n_max, 0)
+    return draft.verify_round(params, st, sp, drafts, None, n_max, cfg=cfg, greedy=greedy, random_init=random_init)
+
+  return common.loop_until_done(round_, state, sp)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> draft.SpecState:
+  del sp, cfg
+  return draft.fresh_state(cache, None, tokens, lengths)
+
+
+# Sharded entry points (parallel/sharding.py): the same argument kinds as chain's.
+sharding.ENTRY_POINTS.setdefault(
+    f"{__name__}.initial_state", sharding.ENTRY_POINTS["loopspec_jax.decoding.chain.initial_state"]
+)
+sharding.ENTRY_POINTS.setdefault(
+    f"{__name__}.decode_loop", sharding.ENTRY_POINTS["loopspec_jax.decoding.chain.decode_loop"]
+)
+
+
+def validate_ngram(ngram) -> int:
+  ngram = DEFAULT_NGRAM if ngram is None else ngram
+  if isinstance(ngram, bool) or int(ngram) != ngram or not 1 <= ngram <= 16:
+    raise ValueError(f"lookup needs an integer ngram in 1..16, got {ngram!r}")
+  return int(ngram)
+
+
+def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram, gamma) -> common.Decoder:
+  """The Decoder of method='lookup' (ngram default 3; gamma an integer >= 1 or 'auto')."""
+  ngram = validate_ngram(ngram)
+  g, auto = adaptive.parse_gamma("lookup", gamma)
+  return common.Decoder(
+      name="lookup",
+      readout_depths=(cfg.recurrence,),
+      cache_group=1,
+      extra_positions=g + 1,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(
+          draft.summarize,
+          cfg=cfg,
+          method="lookup",
+          gamma="auto" if auto else g,
+          gamma_max=g,
+          draft_cost=0.0,
+          extras={"ngram": ngram},
+      ),
+      init_kw={"cfg": cfg},
+      loop_kw={"cfg": cfg, "ngram": ngram, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init},
+  )
