@@ -2,8 +2,10 @@
 
 One round: gamma + 1 positions each run `pre` and d1 core steps one after another (drafting x_{j+1} from the
 depth-d1 readout of position j), then all gamma + 1 positions run the remaining depths d1..R in ONE batched
-pass, are read out at R and verified left to right (standard rule plus a bonus token). Drafts are written
-straight into the committed cache; rejected positions are rolled back by length (masked, later overwritten).
+pass, are read out at R and verified left to right (standard rule plus a bonus token). Drafting only reads the
+cache (each position attends to the round's earlier positions as an in-flight segment); their entries are then
+written with one in-place scatter per buffer; rejected positions are rolled back by length (masked, later
+overwritten).
 `gamma="auto"` compiles for `adaptive.AUTO_MAX_GAMMA` and offers each request the gamma its past acceptance
 calls for (decoding/adaptive.py); drafting positions past the batch's largest are skipped (`lax.cond`).
 """
@@ -81,18 +83,45 @@ def decode_loop(
       ),
   )
 
-  def draft_position(cache, tok, q, mask, one):
-    """pre + d1 core steps + readout at d1 of one position q [B, 1] per request; writes its cache entries."""
-    t = cache.length
-    e, k, v = M.pre(params, tok[:, None], q, one, kvcache.prelude_ctx(cache, mask), cfg)
-    cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))
+  def with_inflight(base, past):
+    """ctx_fn `base` (the committed prefix) plus one segment of this round's earlier draft positions, which are
+    in flight (not yet in the cache: drafting only reads the cache, so XLA updates every buffer in place)."""
+    if not past:
+      return base
+
+    def ctx(l):
+      k = jnp.concatenate([kv[0][l] for kv in past], axis=1).transpose(0, 2, 1, 3)  # [B, KV, j, D]
+      v = jnp.concatenate([kv[1][l] for kv in past], axis=1).transpose(0, 2, 1, 3)
+      return base(l) + [(k, v, jnp.ones((k.shape[0], 1, k.shape[2]), bool))]
+
+    return ctx
+
+  def draft_position(cache, tok, q, mask, one, past):
+    """pre + d1 core steps + readout at d1 of one position q [B, 1] per request, attending to the committed
+    prefix (mask [B, 1, T]) and to `past`: per entry name, the (k, v) [L, B, 1, KV, D] of the round's earlier
+    positions. Returns (s, e, logits [B, V], this position's entries by name); writes nothing."""
+    ctx = lambda name, base: with_inflight(base, [p[name] for p in past])
+    e, k, v = M.pre(params, tok[:, None], q, one, ctx("pre", kvcache.prelude_ctx(cache, mask)), cfg)
+    new = {"pre": (k, v)}
     noise = common.state_noise(sp, q, cfg) if random_init else None
     s = M.initial_state(e, cfg, noise)
     for i in range(d1):
-      s, k, v = M.core_step(params, s, e, q, one, kvcache.core_ctx(cache, layout, i, mask), cfg)
-      cache = kvcache.write_core(cache, layout, i, k, v, kvcache.ordered(q, s, t))
-    logits, k, v = M.post(params, s, q, one, kvcache.coda_ctx(cache, 0, mask), cfg)
-    return s, e, logits[:, 0], kvcache.write_coda(cache, 0, k, v, kvcache.ordered(q, logits, t))
+      s, k, v = M.core_step(params, s, e, q, one, ctx(f"core{i}", kvcache.core_ctx(cache, layout, i, mask)), cfg)
+      new[f"core{i}"] = (k, v)
+    logits, k, v = M.post(params, s, q, one, ctx("coda", kvcache.coda_ctx(cache, 0, mask)), cfg)
+    new["coda"] = (k, v)
+    return s, e, logits[:, 0], new
+
+  def write_drafts(cache, entries, pos, after):
+    """Writes the drafted positions' entries (prelude, core steps 0..d1-1, readout d1) at pos [B, S], one
+    scatter per buffer, ordered after every read of the drafting phase (`after`: its last float output)."""
+    cat = lambda name, i: jnp.concatenate([p[name][i] for p in entries], axis=2)  # [L, B, S, KV, D]
+    pos = kvcache.ordered(pos, after, cache.length)
+    cache = kvcache.write_prelude(cache, cat("pre", 0), cat("pre", 1), pos)
+    ks = jnp.stack([cat(f"core{i}", 0) for i in range(d1)])  # [d1, L, B, S, KV, D]
+    vs = jnp.stack([cat(f"core{i}", 1) for i in range(d1)])
+    cache = kvcache.write_core_steps(cache, layout, jnp.arange(d1), ks, vs, pos)
+    return kvcache.write_coda(cache, 0, cat("coda", 0), cat("coda", 1), pos)
 
   def round_(st: ChainState) -> ChainState:
     b, t = st.tokens.shape
@@ -106,17 +135,18 @@ def decode_loop(
       n_max = adaptive.choose_gamma(st.acc_num, st.acc_den, gamma, *auto_costs)
       n_max = jnp.where(st.done, 0, jnp.minimum(n_max, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
       n_run = jnp.max(n_max)
-    # Drafting: gamma + 1 positions, one at a time, to depth d1.
+    # Drafting: gamma + 1 positions, one at a time, to depth d1 (reading the cache, writing nothing).
+    mask = jnp.arange(t)[None, None, :] < p0[:, None, None]  # [B, 1, T]: the committed prefix
+    entries = []
     for j in range(s_len):
       q = (p0 + j)[:, None]
-      mask = jnp.arange(t)[None, None, :] < q[:, :, None]
       if auto and j >= 2:  # position j is needed only when some request offers >= j drafts
-        skip = lambda c, like=(states[0], injections[0], logits): tuple(map(jnp.zeros_like, like)) + (c,)
-        s, e, logits, cache = jax.lax.cond(
-            j <= n_run, lambda c, tok=tok, q=q, mask=mask: draft_position(c, tok, q, mask, one), skip, cache
-        )
+        run = lambda tok=tok, q=q, past=tuple(entries): draft_position(cache, tok, q, mask, one, past)
+        skip = lambda like=(states[0], injections[0], logits, entries[0]): jax.tree.map(jnp.zeros_like, like)
+        s, e, logits, new = jax.lax.cond(j <= n_run, run, skip)
       else:
-        s, e, logits, cache = draft_position(cache, tok, q, mask, one)
+        s, e, logits, new = draft_position(cache, tok, q, mask, one, entries)
+      entries.append(new)
       states.append(s)
       injections.append(e)
       if j < gamma:
@@ -130,10 +160,11 @@ def decode_loop(
           tok = jax.vmap(sampling.sample_token)(keys, probs)
           qs.append(probs)
         drafts.append(tok)
+    pos = p0[:, None] + jnp.arange(s_len)[None, :]
+    cache = write_drafts(cache, entries, pos, logits)
     # Verification pass: all gamma + 1 positions through depths d1..R at once, read out at R.
     s = jnp.concatenate(states, axis=1)  # [B, S, E]
     e = jnp.concatenate(injections, axis=1)
-    pos = p0[:, None] + jnp.arange(s_len)[None, :]
     mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
     causal = jnp.broadcast_to(jnp.tril(jnp.ones((s_len, s_len), bool)), (b, s_len, s_len))
 
