@@ -20,6 +20,7 @@ from loopspec_jax import api
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
 from loopspec_jax.configs import models as model_configs
+from loopspec_jax.configs.sweeps import bundled as bundled_config
 from loopspec_jax.configs.sweeps import default as sweep_config
 from loopspec_jax.configs.sweeps import depths as depths_config
 from loopspec_jax.experiments import common
@@ -79,7 +80,12 @@ def run(tmp_path_factory):
   with open(jsonl, "a") as f:  # a writer killed mid-line
     f.write('{"key": "torn')
   scfg.stop_after = None
+  scfg.interleave_ar = True  # the configurations left after the interruption time AR passes beside their own
   result = sweep.run_sweep(scfg, model)
+  rcfg = scfg.copy_and_resolve_references()
+  rcfg.configs = ""  # the replay covers the whole feasible grid
+  rcfg.replay_prompts = scfg.num_prompts  # the engine's prompts (the depth records cover them)
+  replay = sweep.replay_rows(rcfg, model)
   return {
       "out": out,
       "dcfg": dcfg,
@@ -88,6 +94,7 @@ def run(tmp_path_factory):
       "summaries": summaries,
       "partial": partial,
       "result": result,
+      "replay": replay,
       "jsonl": jsonl,
   }
 
@@ -258,6 +265,116 @@ def test_notebook_executes(run, monkeypatch):
   nb = nbformat.read(os.path.join(_ROOT, "notebooks", "sweep_analysis.ipynb"), as_version=4)
   ExecutePreprocessor(kernel_name="python3", timeout=600).preprocess(nb, {"metadata": {"path": _ROOT}})
   names = sorted(os.listdir(figs))
-  for kind in ("depth_tv", "heatmaps", "gamma_pred", "chain", "commits"):
+  for kind in ("depth_tv", "heatmaps", "gamma_pred", "chain", "commits", "wall_clock"):
     assert f"{kind}_random_greedy.png" in names, names
     assert os.path.getsize(figs / f"{kind}_random_greedy.png") > 1000
+  model = run["scfg"].model  # one model: the per-model figures are named after it
+  for name in (f"depth_curves_{model}.png", f"gamma_grid_{model}.png"):
+    assert name in names and os.path.getsize(figs / name) > 1000, names
+
+
+def test_replay_equals_the_engine(run):
+  """Greedy replay from the depth agreement commits exactly what the engine committed (LoopSpec and chain)."""
+  engine = {x["label"]: x for x in run["result"]["rows"] if x["method"] != "ar"}
+  replay = {x["label"]: x for x in run["replay"]["rows"]}
+  r = run["model"].config.recurrence
+  assert len([x for x in replay.values() if x["method"] == "loopspec"]) == len(theory.feasible_configs(r, True))
+  assert engine and set(engine) <= set(replay)
+  for label, x in engine.items():
+    y = replay[label]
+    assert y["commits"] == x["commits"], label
+    assert y["per_prompt"] == x["per_prompt"], label
+    assert y["mean_accepted_length"] == pytest.approx(x["mean_accepted_length"], rel=1e-12), label
+    if x["method"] == "chain":
+      assert y["rounds"] == x["rounds"]
+  assert os.path.exists(os.path.join(run["scfg"].out_dir, "replay.md"))
+
+
+def test_interleaved_wall_clock(run):
+  """Rows measured after the interruption pair each timed pass with an AR pass taken just before it."""
+  rows = [x for x in run["result"]["rows"] if x["method"] != "ar"]
+  late = [x for x in rows if x["key"] not in {p["key"] for p in run["partial"]}]
+  assert late
+  for x in late:
+    assert len(x["ar_decode_seconds_interleaved"]) == len(x["decode_seconds_all"]) == run["scfg"].repeats
+    assert x["wall_clock_ratio"] == pytest.approx(np.median(x["wall_clock_ratios_paired"]))
+    assert x["wall_clock_ratio_reference"] > 0
+
+
+def test_standard_errors_and_fit_quality():
+  """Cluster standard errors, the jackknife, the fit-quality numbers and the fitted curve's gamma on known inputs."""
+  # Two prompts of 10 positions with rates 0.2 and 0.6: pooled 0.4, residuals -2 and +2.
+  se = DA.ratio_standard_error([[2.0], [6.0]], [10, 10])
+  assert se[0] == pytest.approx(math.sqrt(2 / 1 * (4 + 4)) / 20)
+  assert DA.ratio_standard_error([[3.0]], [10])[0] == 0.0  # one prompt: no spread to measure
+  assert sweep.jackknife_se([1.0, 1.0, 1.0]) == 0.0
+  assert sweep.jackknife_se([0.0, 2.0]) == pytest.approx(1.0)
+  d = np.arange(1, 9, dtype=float)
+  q = theory.power_law_fit_quality(d, 0.3 * d**-1.5, 0.3, 1.5)
+  assert q["r2"] == pytest.approx(1.0) and q["rmse_log"] == pytest.approx(0.0, abs=1e-12)
+  assert q["points"] == 8 and q["min_ratio"] == pytest.approx(1.0)
+  r, beta, alpha = 32, 0.2, 1.0
+  c = theory.curve_cost(r, 2, 8, beta, alpha)
+  assert c == pytest.approx(2 + 6 * 0.1 + 24 * 0.025)
+  assert theory.curve_gamma(r, 2, 8, beta, alpha) == pytest.approx(r / c)
+  assert theory.curve_gamma(r, 2, None, beta, alpha) == pytest.approx(r / (2 + 30 * 0.1))
+  # The fitted curve's point estimate is never below Theorem 2's guaranteed R / J.
+  for d1, d2 in theory.feasible_configs(r, include_single=True):
+    assert theory.curve_gamma(r, d1, d2, beta, alpha) >= theory.predicted_gamma_bound(r, d1, d2, beta, alpha) - 1e-12
+
+
+def test_replay_counts_by_hand():
+  """replay_loopspec_counts / replay_chain_counts on a hand-made agreement table (R = 4)."""
+  # positions:        0  1  2  3  4  5
+  agree = np.array(
+      [
+          [1, 0, 0, 1, 1, 0],  # depth 1
+          [1, 1, 0, 1, 1, 0],  # depth 2
+          [1, 1, 1, 1, 1, 0],  # depth 3
+          [1, 1, 1, 1, 1, 1],  # depth 4 = R
+      ],
+      bool,
+  )
+  assert DA.replay_loopspec_counts(agree, 1, 2) == {"first": 3, "second": 1, "restart": 2, "n": 6, "reject_first": 3}
+  assert DA.replay_loopspec_counts(agree, 1, 3)["second"] == 2
+  assert DA.replay_loopspec_counts(agree, 1, None)["restart"] == 3
+  # chain at depth 1, 2 drafts per round: [0] accepted + 1 -> i=2; [2] rejected -> i=3; [3, 4] accepted + 1
+  # (position 5) -> i=6: 3 rounds, 3 accepted drafts.
+  assert DA.replay_chain_counts(agree, 1, 2) == {"n": 6, "rounds": 3, "accepted": 3}
+
+
+@pytest.mark.slow
+def test_bundled_model_pipeline(tmp_path):
+  """The issue-13 pipeline on the bundled tiny-raven (sweeps/bundled.py:ci): depth curve on one GSM8K prompt,
+  two engine configurations with interleaved AR timing, the greedy replay of every feasible pair, and the
+  engine's commits equal to the replay's."""
+  dcfg = depths_config.get_config("bundled_ci")
+  dcfg.out_dir = str(tmp_path / "depths")
+  dcfg.progress = False
+  scfg = bundled_config.get_config("ci")
+  scfg.out_dir = str(tmp_path / "sweep")
+  scfg.depths_json = str(tmp_path / "depths" / "depths_{task}_{sampling}.json")
+  scfg.progress = False
+  model = loopspec_jax.load(dcfg.model)
+  summary = measure_depths.run_depths(dcfg, model)[("gsm8k", "greedy")]
+  assert summary["positions"] == dcfg.max_new_tokens and summary["agreement"][-1] == 1.0
+  assert os.path.exists(os.path.join(dcfg.out_dir, "depth_fits.md"))
+  res = sweep.run_sweep(scfg, model)
+  rows = {x["label"]: x for x in res["rows"]}
+  assert set(rows) == {"ar", "loopspec(d1=2,d2=8)", "loopspec(d1=2,d2=None)"}
+  rcfg = scfg.copy_and_resolve_references()
+  rcfg.configs = ""
+  replay = {x["label"]: x for x in sweep.replay_rows(rcfg, model)["rows"]}
+  assert len(replay) == len(theory.feasible_configs(32, include_single=True))
+  for label, x in rows.items():
+    if x["method"] == "ar":
+      continue
+    assert x["identical_to_ar"] is True
+    assert len(x["ar_decode_seconds_interleaved"]) == scfg.repeats
+    y = replay[label]
+    assert x["commits"]["first"] == y["commits"]["first"], label  # first proposals never depend on lane space
+    if x["skipped_spawns"] == 0:
+      assert x["commits"] == y["commits"], label
+  assert "measured best by gamma" in res["table"]
+  # Theorem 2's line appears exactly when the depth curve had two depths above the TV floor to fit.
+  assert ("Theorem 2 from" in res["table"]) == (summary["theorem2"] is not None)

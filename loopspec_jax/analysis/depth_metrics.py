@@ -47,6 +47,10 @@ __all__ = [
     "predicted_loopspec",
     "fit_chain_acceptance",
     "implied_chain_acceptance",
+    "ratio_standard_error",
+    "greedy_agreement",
+    "replay_loopspec_counts",
+    "replay_chain_counts",
 ]
 
 
@@ -306,6 +310,7 @@ def summarize_depths(
     raise ValueError("no measured positions")
   col = lambda k: np.sum([rec[k] for rec in records], axis=0)
   agree, tv, kl = col("agree") / n, col("tv_sum") / n, col("kl_sum") / n
+  counts = [rec["n"] for rec in records]
   depths = list(range(1, r + 1))
   out = {
       "recurrence": r,
@@ -317,6 +322,10 @@ def summarize_depths(
       "mean_tv": tv.tolist(),
       "mean_kl": kl.tolist(),
       "max_tv": np.max([rec["tv_max"] for rec in records], axis=0).tolist(),
+      # Standard errors across prompts (positions along one text are correlated, prompts are not).
+      "agreement_se": ratio_standard_error([rec["agree"] for rec in records], counts).tolist(),
+      "mean_tv_se": ratio_standard_error([rec["tv_sum"] for rec in records], counts).tolist(),
+      "mean_kl_se": ratio_standard_error([rec["kl_sum"] for rec in records], counts).tolist(),
       "fits": {"least_squares": None, "envelope": None, "disagreement_envelope": None},
       "theorem2": None,
       "meta": meta or {},
@@ -331,7 +340,7 @@ def summarize_depths(
     keep = y > tv_floor
     try:
       beta, alpha = theory.fit_power_law(d[keep], y[keep], envelope=env)
-      out["fits"][name] = {"beta": beta, "alpha": alpha}
+      out["fits"][name] = {"beta": beta, "alpha": alpha, **theory.power_law_fit_quality(d[keep], y[keep], beta, alpha)}
     except ValueError:
       pass
   env = out["fits"]["envelope"]
@@ -351,7 +360,35 @@ def summarize_depths(
             for c in theory.feasible_configs(r, include_single=True)
         },
     }
+    # Predicted gamma of every feasible pair: the guaranteed R / J, and the point estimates from the measured
+    # curve (cost identity at P(reject x1) = E[TV_d1], P(restart) = E[TV_d2]) and from the least-squares fit.
+    feas = theory.feasible_configs(r, include_single=True)
+    out["theorem2"]["gamma_bound"] = {f"{a},{b}": r / out["theorem2"]["cost_bound"][f"{a},{b}"] for a, b in feas}
+    p = lambda d: min(float(tv[d - 1]), 1.0)
+    out["theorem2"]["gamma_curve"] = {
+        f"{a},{b}": theory.expected_gamma(r, a, b, p(a), None if b is None else min(p(b), p(a))) for a, b in feas
+    }
+    ls = out["fits"]["least_squares"]
+    if ls is not None:
+      out["theorem2"]["gamma_fit"] = {f"{a},{b}": theory.curve_gamma(r, a, b, ls["beta"], ls["alpha"]) for a, b in feas}
   return out
+
+
+def ratio_standard_error(sums: Sequence[Sequence[float]], counts: Sequence[int]) -> np.ndarray:
+  """Standard error of the pooled rate sum(x_i) / sum(n_i) across prompts i (a ratio estimator, clustered by prompt).
+
+  x_i are one prompt's per-depth sums and n_i its positions. Positions along one text are correlated, so the
+  binomial sqrt(p (1 - p) / n) understates the error; this treats prompts as the independent units:
+  se = sqrt(k / (k - 1) * sum_i (x_i - m n_i)^2) / sum_i n_i with m the pooled rate and k prompts (0 for k < 2).
+  """
+  x = np.asarray(sums, np.float64)
+  n = np.asarray(counts, np.float64)
+  k = len(n)
+  if k < 2 or n.sum() <= 0:
+    return np.zeros(x.shape[1:] if x.ndim > 1 else ())
+  m = x.sum(0) / n.sum()
+  resid = x - m * n.reshape((-1,) + (1,) * (x.ndim - 1))
+  return np.sqrt(k / (k - 1) * np.sum(resid**2, axis=0)) / n.sum()
 
 
 def plot_depths(summary: dict, path: str, title: str = ""):
@@ -424,3 +461,51 @@ def fit_chain_acceptance(draft_lens: Iterable[int], tokens_per_round: Iterable[f
 def implied_chain_acceptance(draft_len: int, tokens_per_round: float) -> float:
   """The a with (1 - a^(g+1)) / (1 - a) equal to the measured tokens per round (bisection; clipped)."""
   return fit_chain_acceptance([draft_len], [tokens_per_round])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Greedy replay: the commits greedy LoopSpec and chain make, from the per-depth agreement along AR's text
+# ----------------------------------------------------------------------------------------------------------
+def greedy_agreement(model, prompt: Sequence[int], generated: Sequence[int]) -> np.ndarray:
+  """bool [R, n]: whether argmax p_r equals argmax p_R at the position that predicts generated token i.
+
+  Along the greedy AR continuation, greedy LoopSpec proposes argmax p_d1 (and argmax p_d2) of exactly these
+  readouts (a lane at depth k attends to its ancestors' keys and values at depth k, as the full-sequence
+  forward does), so these bits determine every commit's source; see replay_loopspec_counts.
+  """
+  return depth_metrics(model, prompt, generated, {"temperature": 0.0})["agree"] > 0.5
+
+
+def replay_loopspec_counts(agree: np.ndarray, d1: int, d2: Optional[int]) -> Dict[str, int]:
+  """Commit sources of greedy LoopSpec at (d1, d2) from `greedy_agreement` bits: a token is a first-proposal
+  commit where depth d1 agrees with depth R, else a second-proposal commit where d2 agrees (the gate is open
+  there, since argmax p_d2 = argmax p_R differs from the rejected argmax p_d1), else a restart.
+
+  Assumes every spawn is granted (no skipped spawns at the lane capacity); then reject_first = second + restart.
+  """
+  a = np.asarray(agree, bool)
+  first = a[d1 - 1]
+  second = np.zeros_like(first) if d2 is None else (~first & a[d2 - 1])
+  n = int(first.size)
+  c = {"first": int(first.sum()), "second": int(second.sum())}
+  c["restart"] = n - c["first"] - c["second"]
+  c["n"] = n
+  c["reject_first"] = n - c["first"]
+  return c
+
+
+def replay_chain_counts(agree: np.ndarray, d1: int, draft_len: int) -> Dict[str, int]:
+  """Rounds and accepted drafts of greedy chain self-speculation (draft depth d1, `draft_len` drafts per round)
+  from `greedy_agreement` bits: a round at committed length i accepts drafts while depth d1 agrees and commits
+  them plus one token, cut at the budget (a draft counts as accepted only if it is committed)."""
+  match = np.asarray(agree, bool)[d1 - 1]
+  n = int(match.size)
+  i = accepted = rounds = 0
+  while i < n:
+    k = 0
+    while k < draft_len and i + k < n and match[i + k]:
+      k += 1
+    rounds += 1
+    accepted += k
+    i += min(k + 1, n - i)
+  return {"n": n, "rounds": rounds, "accepted": accepted}

@@ -27,6 +27,9 @@ __all__ = [
     "predicted_gamma_bound",
     "theorem1_check",
     "chain_expected_tokens",
+    "power_law_fit_quality",
+    "curve_cost",
+    "curve_gamma",
 ]
 
 
@@ -257,3 +260,58 @@ def chain_expected_tokens(a, gamma):
   safe = np.where(one, 0.5, a_arr)
   val = np.where(one, g + 1.0, (1.0 - safe ** (g + 1.0)) / (1.0 - safe))
   return _as_out(val)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# How well a power law describes a measured depth curve, and gamma read off a fitted curve.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def power_law_fit_quality(depths: Sequence[float], tv: Sequence[float], beta: float, alpha: float) -> Dict:
+  """Fit quality of phi = beta r^-alpha on (depth, tv) points with tv > 0, in log space.
+
+  r2: 1 - SS_res / SS_tot of log(tv) against log(phi); rmse_log: root-mean-square log residual (0.1 is about
+  10% off per point); max_ratio / min_ratio: the extremes of phi / tv (an envelope has min_ratio >= 1: it
+  touches the curve where min_ratio = 1 and over-states it by max_ratio elsewhere); depths: the range used.
+  """
+  r = np.asarray(depths, dtype=np.float64).ravel()
+  t = np.asarray(tv, dtype=np.float64).ravel()
+  keep = np.isfinite(t) & (t > 0)
+  r, t = r[keep], t[keep]
+  if r.size == 0:
+    return {"r2": None, "rmse_log": None, "max_ratio": None, "min_ratio": None, "points": 0, "depths": None}
+  y, f = np.log(t), np.log(beta) - alpha * np.log(r)
+  ss_tot = float(np.sum((y - y.mean()) ** 2))
+  ss_res = float(np.sum((y - f) ** 2))
+  ratio = np.exp(f - y)
+  return {
+      "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else None,
+      "rmse_log": float(np.sqrt(ss_res / r.size)),
+      "max_ratio": float(ratio.max()),
+      "min_ratio": float(ratio.min()),
+      "points": int(r.size),
+      "depths": [float(r.min()), float(r.max())],
+  }
+
+
+def curve_cost(R: int, d1: int, d2: Optional[int], beta: float, alpha: float) -> float:
+  """The cost identity with the rates read off a fitted curve phi = beta r^-alpha (a point estimate, not a bound).
+
+  C = d1 + (d2 - d1) phi(d1) + (R - d2) phi(d2): P(reject x1) ~ phi(d1) (the first proposal is rejected with
+  probability TV(p_d1, p_R) when sampling, and misses the argmax with the disagreement rate when greedy) and
+  P(restart) ~ phi(d2) (greedy: a restart needs the depth-d2 argmax to miss too, and shallower misses are
+  mostly nested in deeper ones; sampling: Theorem 1's ungated eps2). Rates are capped at 1. Single proposal:
+  C = d1 + (R - d1) phi(d1). Unlike cost_bound (Theorem 2's J) this neither doubles eps2 nor widens d2 - d1
+  to d2, so it estimates gamma rather than guaranteeing it.
+  """
+  _check_depths(R, d1, d2)
+  p1 = min(beta * float(d1) ** (-alpha), 1.0)
+  if d2 is None:
+    return float(d1 + (R - d1) * p1)
+  p2 = min(beta * float(d2) ** (-alpha), 1.0)
+  return float(d1 + (d2 - d1) * p1 + (R - d2) * min(p2, p1))
+
+
+def curve_gamma(R: int, d1: int, d2: Optional[int], beta: float, alpha: float) -> float:
+  """gamma = R / curve_cost: the mean accepted length the fitted depth curve predicts for (d1, d2)."""
+  return float(R / curve_cost(R, d1, d2, beta, alpha))

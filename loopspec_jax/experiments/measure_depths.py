@@ -4,8 +4,9 @@ For every (task, sampling) of the config: decode each prompt with AR, read out e
 generated tokens in one jitted forward, and record greedy agreement, TV(p_r, p_R) and KL(p_R || p_r) at the
 generated positions (loopspec_jax/analysis/depth_metrics.py). Per-prompt records are appended to
 <out_dir>/depths.jsonl as they finish, so a rerun skips what is done. Writes per (task, sampling)
-depths_<task>_<sampling>.json (per-depth means, power-law fits, Theorem 2's optimum and best feasible pair)
-and depths_<task>_<sampling>.png.
+depths_<task>_<sampling>.json (per-depth means with standard errors across prompts, power-law fits with their
+fit quality, Theorem 2's optimum and best feasible pair), depths_<task>_<sampling>.png, and depth_fits.md (one
+table over every (task, sampling) of the run).
 
   loopspec-measure-depths                                 # loopspec_jax/configs/sweeps/depths.py
   loopspec-measure-depths --config=sweeps/depths.py:tiny  # test-sized
@@ -44,6 +45,18 @@ def run_depths(cfg, model=None) -> dict:
     prompts = common.prompts_for(cfg, task, model)
     for samp in common.split_list(cfg.samplings):
       sampling = dict(cfg.sampling_settings[samp])
+      more = dict(cfg.get("num_prompts_by_group") or {}).get(f"{task}_{samp}")
+      group_prompts = prompts
+      if more and more != len(prompts):  # a group whose rates vary more across prompts gets more of them
+        group_prompts = DA.prepare_prompts(
+            task,
+            model,
+            int(more),
+            max_new_tokens=cfg.max_new_tokens,
+            prompt_len=cfg.prompt_len,
+            seed=cfg.seed,
+            max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
+        )
       key = DA.run_key(
           **ident,
           task=task,
@@ -53,10 +66,10 @@ def run_depths(cfg, model=None) -> dict:
           max_prompt_tokens=cfg.get("max_prompt_tokens"),
           eos_id=cfg.get("eos_id"),
       )
-      print(f"depths: {label}, task {task}, {samp}: {len(prompts)} prompts", flush=True)
+      print(f"depths: {label}, task {task}, {samp}: {len(group_prompts)} prompts", flush=True)
       records = DA.measure_depths(
           model,
-          prompts,
+          group_prompts,
           sampling=sampling,
           max_new_tokens=cfg.max_new_tokens,
           seed=cfg.seed,
@@ -80,7 +93,45 @@ def run_depths(cfg, model=None) -> dict:
         DA.plot_depths(summary, summary_path(cfg.out_dir, task, samp, "png"), title=f"{label}: {task}, {samp} (R={r})")
       out[(task, samp)] = summary
       print(format_summary(summary, f"{label} / {task} / {samp}"))
+  if common.is_main_process() and out:
+    common.atomic_write_text(os.path.join(cfg.out_dir, "depth_fits.md"), fits_markdown(list(out.values())) + "\n")
   return out
+
+
+def fits_markdown(summaries: list, depths=(1, 2, 4, 8)) -> str:
+  """One table over (task, sampling) summaries: positions, agreement at a few depths with standard errors
+  (across prompts), the envelope and least-squares power laws with their fit quality, Theorem 2's optimum."""
+  r_all = {s["recurrence"] for s in summaries}
+  depths = [d for d in depths if all(d <= r for r in r_all)]
+  head = ["model", "task", "sampling", "prompts x tokens"] + [f"agree d={d}" for d in depths]
+  head += [f"TV d={d}" for d in depths[:2]]
+  head += ["envelope beta, alpha", "LS beta, alpha", "LS R^2", "LS rmse (log)", "(d1*, d2*)", "best feasible"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for s in summaries:
+    m = s.get("meta", {})
+    cells = [
+        m.get("model", ""),
+        m.get("task", ""),
+        m.get("sampling_name", ""),
+        f"{s['prompts']} x {s['positions'] // max(s['prompts'], 1)}",
+    ]
+    se_a = s.get("agreement_se") or [0.0] * len(s["depths"])
+    se_t = s.get("mean_tv_se") or [0.0] * len(s["depths"])
+    cells += [f"{s['agreement'][d - 1]:.3f} ± {se_a[d - 1]:.3f}" for d in depths]
+    cells += [f"{s['mean_tv'][d - 1]:.3f} ± {se_t[d - 1]:.3f}" for d in depths[:2]]
+    env, ls = s["fits"].get("envelope"), s["fits"].get("least_squares")
+    cells.append(f"{env['beta']:.3g}, {env['alpha']:.2f}" if env else "-")
+    cells.append(f"{ls['beta']:.3g}, {ls['alpha']:.2f}" if ls else "-")
+    cells.append(f"{ls['r2']:.3f}" if ls and ls.get("r2") is not None else "-")
+    cells.append(f"{ls['rmse_log']:.2f}" if ls and ls.get("rmse_log") is not None else "-")
+    t2 = s.get("theorem2")
+    if t2:
+      o, b = t2["optimal_continuous"], t2["best_feasible"]
+      cells += [f"({o[0]:.2f}, {o[1]:.2f})", f"({b[0]}, {'-' if b[1] is None else b[1]})"]
+    else:
+      cells += ["-", "-"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def format_summary(s: dict, title: str) -> str:
@@ -93,7 +144,8 @@ def format_summary(s: dict, title: str) -> str:
     lines.append(f"| {d} | {a:.3f} | {t:.4f} | {k:.4f} |")
   for name, f in s["fits"].items():
     if f:
-      lines.append(f"fit {name}: beta={f['beta']:.4g} alpha={f['alpha']:.3f}")
+      q = f" (R^2 {f['r2']:.3f}, rmse log {f['rmse_log']:.2f})" if f.get("r2") is not None else ""
+      lines.append(f"fit {name}: beta={f['beta']:.4g} alpha={f['alpha']:.3f}{q}")
   t2 = s.get("theorem2")
   if t2:
     lines.append(

@@ -30,9 +30,13 @@ from ml_collections import config_flags
 from tqdm import tqdm
 
 import loopspec_jax
+from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
+from loopspec_jax.configs import accelerators
+from loopspec_jax.configs.models import model_config
 from loopspec_jax.experiments import common
+from loopspec_jax.parallel import distributed
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(
@@ -100,21 +104,102 @@ def decode_all(model, prompts, name, kw, sampling, max_new_tokens, seed, eos_id,
   return stats, outputs
 
 
-def measure(model, prompts, name, kw, sampling, *, max_new_tokens, repeats, seed, eos_id, lane_capacity=None):
-  """Warm-up pass plus `repeats` timed passes; returns (aggregated stats, decode-second list, outputs)."""
-  stats, outputs = decode_all(model, prompts, name, kw, sampling, max_new_tokens, seed, eos_id, lane_capacity)
-  times = []
+def measure(
+    model,
+    prompts,
+    name,
+    kw,
+    sampling,
+    *,
+    max_new_tokens,
+    repeats,
+    seed,
+    eos_id,
+    lane_capacity=None,
+    interleave_ar=False,
+):
+  """Warm-up pass plus `repeats` timed passes; returns (aggregated stats, decode seconds, outputs, AR seconds,
+  per-prompt stats).
+
+  With interleave_ar, every timed pass of the configuration is preceded by a timed AR pass over the same
+  prompts (AR is already compiled, so this costs AR's decode time only): on a shared, loaded machine the load
+  drifts over a long sweep, and a ratio of passes taken seconds apart tracks the configuration, not the drift.
+  """
+  args = (model, prompts)
+  rest = (sampling, max_new_tokens, seed, eos_id, lane_capacity)
+  stats, outputs = decode_all(*args, name, kw, *rest)
+  times, ar_times = [], []
   for _ in range(max(1, repeats)):
-    st, _ = decode_all(model, prompts, name, kw, sampling, max_new_tokens, seed, eos_id, lane_capacity)
+    if interleave_ar and name != "ar":
+      st, _ = decode_all(*args, "ar", {}, *rest)
+      ar_times.append(sum(s["decode_seconds"] for s in st))
+    st, _ = decode_all(*args, name, kw, *rest)
     times.append(sum(s["decode_seconds"] for s in st))
     stats = st
-  return common.aggregate(stats, model.config.recurrence), times, outputs
+  return common.aggregate(stats, model.config.recurrence), times, outputs, ar_times, stats
+
+
+def per_prompt_counts(name: str, stats: List[dict]) -> List[List[int]]:
+  """Per-prompt counts that determine gamma: LoopSpec [N, first, second, restart, reject_first]; chain
+  [N, rounds, accepted drafts]; AR [N]. Kept in the rows so standard errors can be taken across prompts."""
+  out = []
+  for s in stats:
+    n, c = s["tokens_generated"], s["commits"]
+    if name == "loopspec":
+      out.append([n, c["first"], c["second"], c["restart"], s.get("reject_first", c["second"] + c["restart"])])
+    elif name == "chain":
+      out.append([n, s.get("rounds", 0), c["first"]])
+    else:
+      out.append([n])
+  return out
+
+
+def jackknife_se(values: List[float]) -> float:
+  """Leave-one-out (jackknife) standard error of a statistic from its k leave-one-prompt-out values."""
+  k = len(values)
+  if k < 2:
+    return 0.0
+  v = [float(x) for x in values]
+  m = sum(v) / k
+  return float(((k - 1) / k * sum((x - m) ** 2 for x in v)) ** 0.5)
+
+
+def gamma_standard_error(name: str, r: int, kw: dict, counts: List[List[int]]) -> Optional[float]:
+  """Jackknife standard error of gamma over prompts (each prompt's commits left out in turn)."""
+  if len(counts) < 2 or name not in ("loopspec", "chain"):
+    return None
+  tot = [sum(col) for col in zip(*counts)]
+  loo = []
+  for c in counts:
+    t = [a - b for a, b in zip(tot, c)]
+    if t[0] <= 0:
+      return None
+    if name == "loopspec":
+      loo.append(theory.gamma_from_counts(r, kw["d1"], kw.get("d2"), t[0], t[2] + t[3], t[3]))
+    else:
+      loo.append(theory.chain_accepted_length(r, kw["d1"], kw["gamma"], t[0], t[1]))
+  return jackknife_se(loo)
 
 
 def make_row(
-    base: dict, name: str, kw: dict, agg: dict, times: list, r: int, ar_row: Optional[dict], outputs: list, greedy: bool
+    base: dict,
+    name: str,
+    kw: dict,
+    agg: dict,
+    times: list,
+    r: int,
+    ar_row: Optional[dict],
+    outputs: list,
+    greedy: bool,
+    ar_times: Optional[list] = None,
+    per_prompt: Optional[List[List[int]]] = None,
 ) -> dict:
-  """A result row: timings, gamma, rates and the cost-identity prediction."""
+  """A result row: timings, gamma, rates and the cost-identity prediction.
+
+  With interleaved AR passes (`ar_times`, one before each timed pass) the wall-clock ratio is the median of
+  the paired per-pass ratios; `wall_clock_ratio_reference` is the ratio to the group's AR row (timed once,
+  at the start of the group) either way.
+  """
   n = agg["tokens"]
   c = agg["commits"]
   row = dict(base)
@@ -139,9 +224,18 @@ def make_row(
           "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       }
   )
+  if per_prompt is not None:
+    row["per_prompt"] = per_prompt
+    row["gamma_se"] = gamma_standard_error(name, r, kw, per_prompt)
   if ar_row is not None:
     row["ar_decode_seconds_median"] = ar_row["decode_seconds_median"]
-    row["wall_clock_ratio"] = ar_row["decode_seconds_median"] / max(row["decode_seconds_median"], 1e-12)
+    row["wall_clock_ratio_reference"] = ar_row["decode_seconds_median"] / max(row["decode_seconds_median"], 1e-12)
+    row["wall_clock_ratio"] = row["wall_clock_ratio_reference"]
+    if ar_times:
+      row["ar_decode_seconds_interleaved"] = ar_times
+      paired = [a / max(t, 1e-12) for a, t in zip(ar_times, times)]
+      row["wall_clock_ratios_paired"] = paired
+      row["wall_clock_ratio"] = statistics.median(paired)
     row["identical_to_ar"] = (outputs == ar_row["outputs"]) if greedy else None
   else:
     row["wall_clock_ratio"] = 1.0
@@ -155,6 +249,10 @@ def make_row(
     row.update(DA.predicted_loopspec(r, d1, d2, n, agg["reject_first"], c["restart"]))
     row["reject_rate_first"] = row["p_reject_first"]
     row["restart_rate"] = row["p_restart"]
+    if per_prompt is not None and len(per_prompt) > 1:
+      counts = [p[0] for p in per_prompt]
+      row["p_reject_first_se"] = float(DA.ratio_standard_error([[p[4]] for p in per_prompt], counts)[0])
+      row["p_restart_se"] = float(DA.ratio_standard_error([[p[3]] for p in per_prompt], counts)[0])
   if name == "chain" and agg["rounds"]:
     g = kw["gamma"]
     row["rounds"] = agg["rounds"]
@@ -197,6 +295,61 @@ def theorem1_fields(row: dict, depths: Optional[dict]) -> dict:
   }
 
 
+def curve_fields(row: dict, depths: Optional[dict]) -> dict:
+  """gamma of a LoopSpec row predicted from the depth curve alone (no decoding), three ways.
+
+  gamma_curve: the cost identity with P(reject x1) = measured E[TV(p_d1, p_R)] and P(restart) =
+  E[TV(p_d2, p_R)] (greedy: the disagreement rates) read off the measured depth curve;
+  gamma_fit: the same with the least-squares power law (`theory.curve_gamma`);
+  gamma_bound: Theorem 2's guaranteed R / J from the envelope (a lower bound, with 2 eps2 and d2 for d2 - d1).
+  """
+  if depths is None or row["method"] != "loopspec":
+    return {}
+  r, d1, d2 = row["R"], row["d1"], row["d2"]
+  tv = depths["mean_tv"]
+  p1 = min(tv[d1 - 1], 1.0)
+  out = {"gamma_curve": theory.expected_gamma(r, d1, d2, p1, None if d2 is None else min(tv[d2 - 1], p1))}
+  fits = depths.get("fits") or {}
+  ls, env = fits.get("least_squares"), fits.get("envelope")
+  if ls:
+    out["gamma_fit"] = theory.curve_gamma(r, d1, d2, ls["beta"], ls["alpha"])
+  if env and env["alpha"] > 0:
+    out["cost_bound"] = theory.cost_bound(r, d1, d2, env["beta"], env["alpha"])
+    out["gamma_bound"] = r / out["cost_bound"]
+  return out
+
+
+def min_ratio_fields(row: dict) -> dict:
+  """wall_clock_ratio_min: fastest interleaved AR pass / fastest pass of the configuration. On a loaded machine
+  other processes only ever add time, so each side's minimum is its least-disturbed pass (a second estimate
+  beside the median of the paired ratios)."""
+  ar, t = row.get("ar_decode_seconds_interleaved"), row.get("decode_seconds_all")
+  if not ar or not t:
+    return {}
+  return {"wall_clock_ratio_min": min(ar) / max(min(t), 1e-12)}
+
+
+def replay_fields(row: dict, replay: Dict[Tuple[str, str], dict]) -> dict:
+  """An engine row against the greedy replay on the same prompts (the replay's first `num_prompts`).
+
+  gamma_all_spawns: the gamma the engine would measure if every spawn were granted (Theorem 1's setting);
+  below it, skipped second proposals (lane table full) turned would-be second-proposal commits into restarts.
+  replay_first_matches: every prompt's first-proposal commits equal the replay's (they never need lane space).
+  """
+  y = replay.get((row["task"], row["label"]))
+  if y is None or row["method"] != "loopspec" or "per_prompt" not in row or row["sampling"] != "greedy":
+    return {}
+  n = len(row["per_prompt"])
+  pp = y["per_prompt"][:n]
+  if len(pp) < n or [p[0] for p in pp] != [p[0] for p in row["per_prompt"]]:
+    return {}
+  tot = [sum(col) for col in zip(*pp)]
+  return {
+      "gamma_all_spawns": theory.gamma_from_counts(row["R"], row["d1"], row["d2"], tot[0], tot[4], tot[3]),
+      "replay_first_matches": all(a[1] == b[1] for a, b in zip(pp, row["per_prompt"])),
+  }
+
+
 def load_prediction(cfg, task: str, samp: str, r: int) -> Optional[dict]:
   """Theorem 2's prediction from the depth JSON of this (task, sampling), or None."""
   s = load_depth_summary(cfg, task, samp, r)
@@ -207,19 +360,23 @@ def load_prediction(cfg, task: str, samp: str, r: int) -> Optional[dict]:
   beta, alpha = env["beta"], env["alpha"]
   swept = loopspec_grid(cfg, r)
   best = theory.best_feasible_depths(r, beta, alpha, include_single=cfg.include_single)
-  best_swept = (
-      min(swept, key=lambda p: (theory.cost_bound(r, p[0], p[1], beta, alpha), p[0], r if p[1] is None else p[1]))
-      if swept
-      else None
-  )
-  return {
+  tie = lambda p: (p[0], r if p[1] is None else p[1])
+  best_swept = min(swept, key=lambda p: (theory.cost_bound(r, p[0], p[1], beta, alpha),) + tie(p)) if swept else None
+  out = {
       "path": path,
       "beta": beta,
       "alpha": alpha,
       "optimal_continuous": list(theory.optimal_depths(r, beta, alpha)),
       "best_feasible": list(best),
       "best_swept": list(best_swept) if best_swept else None,
+      "best_feasible_two_proposal": (s.get("theorem2") or {}).get("best_feasible_two_proposal"),
   }
+  ls = s["fits"].get("least_squares")
+  if ls:  # the pair the fitted curve's point estimate of gamma prefers (not Theorem 2's bound)
+    feas = theory.feasible_configs(r, include_single=cfg.include_single)
+    key = lambda p: (-theory.curve_gamma(r, p[0], p[1], ls["beta"], ls["alpha"]),) + tie(p)
+    out["best_fit"] = list(min(feas, key=key))
+  return out
 
 
 def run_sweep(cfg, model=None) -> dict:
@@ -230,7 +387,10 @@ def run_sweep(cfg, model=None) -> dict:
   label = cfg.get("model_label") or cfg.model
   eos_id = cfg.get("eos_id")
   jsonl = os.path.join(cfg.out_dir, "sweep.jsonl")
-  existing = {row["key"]: row for row in DA.read_jsonl(jsonl)}
+  # process 0's rows on every process (only it may see the file), so all processes skip the same keys
+  existing = {
+      row["key"]: row for row in distributed.broadcast_json(DA.read_jsonl(jsonl) if common.is_main_process() else None)
+  }
   specs = method_specs(cfg, r)
   groups = [(t, s) for t in common.split_list(cfg.tasks) for s in common.split_list(cfg.samplings)]
   bar = tqdm(total=len(groups) * (len(specs) + 1), desc="sweep", disable=not cfg.get("progress", True))
@@ -254,6 +414,8 @@ def run_sweep(cfg, model=None) -> dict:
           max_prompt_tokens=cfg.get("max_prompt_tokens"),
           eos_id=eos_id,
       )
+      if cfg.get("lane_capacity"):  # part of the key only when set (rows of the default capacity keep theirs)
+        base_key["lane_capacity"] = cfg.lane_capacity
       base = {
           "model": label,
           "task": task,
@@ -262,6 +424,7 @@ def run_sweep(cfg, model=None) -> dict:
           "num_prompts": len(prompts),
           "max_new_tokens": cfg.max_new_tokens,
           "repeats": cfg.repeats,
+          "lane_capacity": cfg.get("lane_capacity"),
       }
       measure_kw = dict(
           max_new_tokens=cfg.max_new_tokens,
@@ -269,6 +432,7 @@ def run_sweep(cfg, model=None) -> dict:
           seed=cfg.seed,
           eos_id=eos_id,
           lane_capacity=cfg.get("lane_capacity"),
+          interleave_ar=bool(cfg.get("interleave_ar", False)),
       )
       ar_key = DA.run_key(**base_key, method="ar")
       print(f"sweep {label} / {task} / {samp}: {len(prompts)} prompts, {len(specs)} configurations", flush=True)
@@ -281,10 +445,23 @@ def run_sweep(cfg, model=None) -> dict:
         if cfg.get("stop_after") and new_rows >= cfg.stop_after:
           raise SweepInterrupted(f"stopped after {new_rows} new rows (stop_after)")
         bar.set_postfix_str(f"{task}/{samp}/{common.method_label(name, kw)}")
-        agg, times, outputs = measure(model, prompts, name, kw, sampling, **measure_kw)
+        agg, times, outputs, ar_times, stats = measure(model, prompts, name, kw, sampling, **measure_kw)
         ar_row = None if name == "ar" else existing[ar_key]  # AR comes first in every group
-        row = make_row(dict(base, key=key), name, kw, agg, times, r, ar_row, outputs, greedy)
-        DA.append_jsonl(jsonl, row)
+        row = make_row(
+            dict(base, key=key),
+            name,
+            kw,
+            agg,
+            times,
+            r,
+            ar_row,
+            outputs,
+            greedy,
+            ar_times=ar_times,
+            per_prompt=per_prompt_counts(name, stats),
+        )
+        if common.is_main_process():  # one row per configuration, however many processes run the sweep
+          DA.append_jsonl(jsonl, row)
         existing[key] = row
         new_rows += 1
         bar.update(1)
@@ -292,19 +469,384 @@ def run_sweep(cfg, model=None) -> dict:
     bar.close()
     summaries = {(t, s): load_depth_summary(cfg, t, s, r) for t, s in groups}
     rows = [existing[k] for k in keys_of_run if k in existing]
-    derived = ("eps2", "theorem1", "theorem1_applies")  # recomputed from the current depth JSON, never stored
+    # recomputed from the current depth JSON, never stored
+    derived = ("eps2", "theorem1", "theorem1_applies", "gamma_curve", "gamma_fit", "gamma_bound", "cost_bound")
+    derived += ("projected_ratio", "gamma_all_spawns", "replay_first_matches", "wall_clock_ratio_min")
+    proj = load_projection(cfg)
+    replay_path = cfg.get("replay_jsonl") or os.path.join(cfg.out_dir, "replay.jsonl")
+    replayed = {(y["task"], y["label"]): y for y in DA.read_jsonl(replay_path, repair=False)}
     rows = [
         dict(
             {k: v for k, v in x.items() if k not in derived},
             **theorem1_fields(x, summaries[(x["task"], x["sampling"])]),
+            **curve_fields(x, summaries[(x["task"], x["sampling"])]),
+            **projection_fields(x, proj),
+            **replay_fields(x, replayed),
+            **min_ratio_fields(x),
         )
         for x in rows
     ]
     preds = {(t, s): load_prediction(cfg, t, s, r) for t, s in groups}
     table = summary_markdown(rows, preds)
     if common.is_main_process() and rows:
-      common.atomic_write_text(os.path.join(cfg.out_dir, "sweep.md"), table + "\n")
+      common.atomic_write_text(os.path.join(cfg.out_dir, cfg.get("table_md") or "sweep.md"), table + "\n")
   return {"rows": rows, "table": table, "predictions": preds}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Greedy replay: gamma of every feasible configuration without decoding it
+# ----------------------------------------------------------------------------------------------------------
+def _depth_records(cfg, task: str, prompts: list) -> Dict[int, dict]:
+  """Greedy depth-analysis records (index -> record) of `task` whose prompts equal ours, from depths.jsonl."""
+  path = cfg.get("depths_jsonl") or ""
+  if not path:
+    pattern = cfg.get("depths_json") or ""
+    if not pattern:
+      return {}
+    path = os.path.join(os.path.dirname(pattern), "depths.jsonl")
+  out = {}
+  for rec in DA.read_jsonl(path, repair=False):
+    try:
+      key = json.loads(rec["key"])
+    except (KeyError, TypeError, json.JSONDecodeError):
+      continue
+    i = rec.get("index", -1)
+    greedy = float((key.get("sampling") or {}).get("temperature", 0.0)) == 0.0
+    if (
+        key.get("task") == task
+        and greedy
+        and key.get("max_new_tokens") == cfg.max_new_tokens
+        and 0 <= i < len(prompts)
+        and rec["prompt"] == list(prompts[i])
+    ):
+      out[i] = rec
+  return out
+
+
+def replay_rows(cfg, model=None) -> dict:
+  """Greedy gamma of every configuration of the grid (and chain draft length) on every task, by replay.
+
+  For each task, the first `replay_prompts` prompts are decoded greedily at full depth (or their AR tokens
+  are taken from the depth analysis's records), their `DA.greedy_agreement` bits computed in one forward per
+  prompt, and `DA.replay_loopspec_counts` / `DA.replay_chain_counts` give every configuration's commits, hence
+  gamma exactly as the engine would count it (no skipped spawns assumed). Writes <out_dir>/replay.jsonl
+  (rewritten whole: it is cheap) and replay.md; returns {'rows', 'table', 'predictions'}.
+  """
+  model = model or common.load_model(cfg)
+  r = model.config.recurrence
+  label = cfg.get("model_label") or cfg.model
+  grid = loopspec_grid(cfg, r)
+  chain = [int(cfg.chain_d1), _ints(cfg.chain_gammas)] if cfg.get("chain_d1") else None
+  rows = []
+  n_prompts = int(cfg.get("replay_prompts") or cfg.num_prompts)
+  for task in common.split_list(cfg.tasks):
+    sub = dict(cfg.to_dict())
+    sub["num_prompts"] = n_prompts
+    prompts = common.prompts_for(_Cfg(sub), task, model)
+    recs = _depth_records(cfg, task, prompts)
+    agree = []
+    for i, p in enumerate(prompts):
+      if i in recs:
+        tokens = recs[i]["tokens"]
+      else:
+        res = loopspec_jax.generate(model, [p], max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, request_ids=[i])
+        tokens = res.tokens[0]
+      agree.append(DA.greedy_agreement(model, p, tokens))
+    base = {
+        "model": label,
+        "task": task,
+        "sampling": "greedy",
+        "sampling_settings": {"temperature": 0.0},
+        "num_prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "source": "replay",
+        "from_depth_records": len(recs),
+        "R": r,
+    }
+    n_tok = sum(a.shape[1] for a in agree)
+    for d1, d2 in grid:
+      per = [DA.replay_loopspec_counts(a, d1, d2) for a in agree]
+      counts = [[c["n"], c["first"], c["second"], c["restart"], c["reject_first"]] for c in per]
+      tot = [sum(col) for col in zip(*counts)]
+      c = {"first": tot[1], "second": tot[2], "restart": tot[3]}
+      row = dict(base, method="loopspec", label=common.method_label("loopspec", {"d1": d1, "d2": d2}))
+      row.update(d1=d1, d2=d2, draft_len=None, tokens=n_tok, commits=c, per_prompt=counts)
+      row["mean_accepted_length"] = theory.gamma_from_counts(r, d1, d2, n_tok, tot[4], tot[3])
+      row["gamma_se"] = gamma_standard_error("loopspec", r, {"d1": d1, "d2": d2}, counts)
+      row.update(DA.predicted_loopspec(r, d1, d2, n_tok, tot[4], tot[3]))
+      row["p_reject_first_se"] = float(DA.ratio_standard_error([[x[4]] for x in counts], [x[0] for x in counts])[0])
+      row["p_restart_se"] = float(DA.ratio_standard_error([[x[3]] for x in counts], [x[0] for x in counts])[0])
+      rows.append(row)
+    if chain:
+      d1, gammas = chain
+      for g in gammas:
+        per = [DA.replay_chain_counts(a, d1, g) for a in agree]
+        counts = [[c["n"], c["rounds"], c["accepted"]] for c in per]
+        rounds, acc = sum(x[1] for x in counts), sum(x[2] for x in counts)
+        row = dict(base, method="chain", label=common.method_label("chain", {"d1": d1, "gamma": g}))
+        row.update(d1=d1, d2=None, draft_len=g, tokens=n_tok, rounds=rounds, per_prompt=counts)
+        row["commits"] = {"first": acc, "second": 0, "restart": n_tok - acc}
+        row["mean_accepted_length"] = theory.chain_accepted_length(r, d1, g, n_tok, rounds)
+        row["gamma_se"] = gamma_standard_error("chain", r, {"d1": d1, "gamma": g}, counts)
+        row["tokens_per_round"] = n_tok / rounds
+        row["acceptance_rate"] = acc / max(rounds * g, 1)
+        rows.append(row)
+    print(f"replay {label} / {task}: {len(prompts)} prompts, {n_tok} tokens, {len(grid)} pairs", flush=True)
+  summaries = {t: load_depth_summary(cfg, t, "greedy", r) for t in common.split_list(cfg.tasks)}
+  proj = load_projection(cfg)
+  rows = [dict(x, **curve_fields(x, summaries[x["task"]]), **theorem1_fields(x, summaries[x["task"]])) for x in rows]
+  rows = [dict(x, **projection_fields(x, proj)) for x in rows]
+  preds = {(t, "greedy"): load_prediction(cfg, t, "greedy", r) for t in common.split_list(cfg.tasks)}
+  table = replay_markdown(rows, preds)
+  if common.is_main_process():
+    text = "".join(json.dumps(x, default=DA._json_default) + "\n" for x in rows)
+    common.atomic_write_text(os.path.join(cfg.out_dir, "replay.jsonl"), text)
+    common.atomic_write_text(os.path.join(cfg.out_dir, "replay.md"), table + "\n")
+  return {"rows": rows, "table": table, "predictions": preds}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Projection onto an accelerator at a real model's shape (loopspec_jax/analysis/cost.py)
+# ----------------------------------------------------------------------------------------------------------
+def projection_path(cfg) -> str:
+  return cfg.get("projection_json") or os.path.join(cfg.out_dir, "projection.json")
+
+
+def _projection_key(row: dict) -> Optional[str]:
+  """The compiled loop a row's projection needs: its per-iteration cost depends on d1 and on whether a second
+  lane column exists (LoopSpec), or on d1 and the draft length (chain), not on d2 or on acceptance."""
+  if row["method"] == "ar":
+    return "ar"
+  if row["method"] == "loopspec":
+    return f"loopspec:d1={row['d1']},second={int(row['d2'] is not None)}"
+  if row["method"] == "chain":
+    return f"chain:d1={row['d1']},gamma={row['draft_len']}"
+  return None
+
+
+def project_costs(cfg, rows: List[dict]) -> dict:
+  """Compiles (from abstract shapes) one iteration of every loop the rows need at `projection_model`'s shape
+  and stores its roofline seconds on `projection_accelerator` in projection.json (resumable, one key at a time)."""
+
+  path = projection_path(cfg)
+  data = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      data = json.load(f)
+  acc = accelerators.ACCELERATORS[cfg.projection_accelerator]
+  pcfg = model_config(cfg.projection_model).replace(dtype="bfloat16", max_len=int(cfg.projection_context))
+  meta = {
+      "model": cfg.projection_model,
+      "context": int(cfg.projection_context),
+      "dtype": "bfloat16",
+      "accelerator": cfg.projection_accelerator,
+      "peak_flops": acc["peak_flops"],
+      "hbm_bandwidth": acc["hbm_bandwidth"],
+  }
+  if data.get("meta") != meta:
+    data = {"meta": meta, "loops": {}}
+  keys = ["ar"] + sorted({k for k in map(_projection_key, rows) if k and k != "ar"})
+  for k in keys:
+    if k in data["loops"]:
+      continue
+    name, kw = common.parse_method(k.replace("second=", "d2="))
+    if name == "loopspec":  # any d2 of the right kind: d2 only decides which lanes read out
+      kw = {"d1": kw["d1"], "d2": 2 * kw["d1"] if kw["d2"] else None, "lane_capacity": None}
+    if name == "loopspec" and kw["d2"] is not None and kw["d2"] >= pcfg.recurrence:
+      continue
+    compiled = cost.compile_decode_loop(pcfg, name, greedy=True, **kw)
+    step = cost.loop_cost(compiled)
+    data["loops"][k] = {
+        "seconds": cost.step_seconds(step, acc["peak_flops"], acc["hbm_bandwidth"]),
+        "flops": step.flops,
+        "bytes": step.total_bytes,
+        "compile_seconds": compiled.compile_seconds,
+    }
+    print(f"projection {k}: {data['loops'][k]['seconds'] * 1e3:.2f} ms per iteration", flush=True)
+    if common.is_main_process():
+      common.atomic_write_json(path, data)
+  return data
+
+
+def load_projection(cfg) -> Optional[dict]:
+  path = projection_path(cfg)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def projection_fields(row: dict, proj: Optional[dict]) -> dict:
+  """The projected ratio vs AR on the accelerator at the real shape, from the row's measured gamma:
+  LoopSpec commits gamma d1 / R tokens per tick, chain its measured tokens per round, AR one per token."""
+  if not proj or "ar" not in proj["loops"]:
+    return {}
+  k = _projection_key(row)
+  loop = proj["loops"].get(k) if k else None
+  if loop is None:
+    return {}
+  if row["method"] == "loopspec":
+    per_iter = row["mean_accepted_length"] * row["d1"] / row["R"]
+  elif row["method"] == "chain":
+    per_iter = row["tokens_per_round"]
+  else:
+    per_iter = 1.0
+  return {"projected_ratio": per_iter / loop["seconds"] * proj["loops"]["ar"]["seconds"]}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The headline: predicted vs measured best over every model, task and sampling that has results
+# ----------------------------------------------------------------------------------------------------------
+def _best(rows: List[dict], key: str) -> Optional[dict]:
+  rows = [x for x in rows if x.get(key) is not None]
+  tie = lambda x: (-x["d1"], -(x["R"] if x["d2"] is None else x["d2"]))
+  return max(rows, key=lambda x: (x[key],) + tie(x)) if rows else None
+
+
+def headline_markdown(model_dirs: List[str], wall_clock_subdir: str = "sweep") -> str:
+  """The paper's comparison per (model, task, sampling): Theorem 2's predicted pair against the measured best
+  by gamma (device independent; replay rows where present, else engine rows) and by wall clock (engine rows,
+  this CPU), with the projected accelerator ratio. `model_dirs` hold depths/ and sweep/ of one model each; the
+  wall-clock columns read <model_dir>/<wall_clock_subdir>/sweep.jsonl where it exists (e.g. a rerun of the engine
+  sweep on a quieter machine), else sweep/."""
+  head = [
+      "model",
+      "task",
+      "sampling",
+      "depth curve: envelope beta r^-alpha (LS R^2)",
+      "(d1*, d2*)",
+      "predicted best (Thm 2)",
+      "its gamma",
+      "measured best gamma",
+      "gamma source",
+      "best wall clock (CPU, engine; by min/min)",
+      "predicted pair on the engine (CPU)",
+      "projected x AR at predicted / at best-gamma pair",
+  ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for d in model_dirs:
+    engine = DA.read_jsonl(os.path.join(d, "sweep", "sweep.jsonl"), repair=False)
+    wc_path = os.path.join(d, wall_clock_subdir, "sweep.jsonl")
+    timed = DA.read_jsonl(wc_path if os.path.exists(wc_path) else os.path.join(d, "sweep", "sweep.jsonl"), False)
+    replay = DA.read_jsonl(os.path.join(d, "sweep", "replay.jsonl"), repair=False)
+    proj = None
+    if os.path.exists(os.path.join(d, "sweep", "projection.json")):
+      with open(os.path.join(d, "sweep", "projection.json")) as f:
+        proj = json.load(f)
+    summaries = []
+    for name in sorted(os.listdir(os.path.join(d, "depths"))) if os.path.isdir(os.path.join(d, "depths")) else []:
+      if name.startswith("depths_") and name.endswith(".json"):
+        with open(os.path.join(d, "depths", name)) as f:
+          summaries.append(json.load(f))
+    order = ("gsm8k", "math500", "mbpp", "humaneval", "shakespeare")
+    summaries.sort(
+        key=lambda s: (order.index(s["meta"]["task"]) if s["meta"]["task"] in order else 9, s["meta"]["sampling_name"])
+    )
+    for s in summaries:
+      m = s["meta"]
+      task, samp, r = m["task"], m["sampling_name"], s["recurrence"]
+      env, ls, t2 = s["fits"].get("envelope"), s["fits"].get("least_squares"), s.get("theorem2")
+      eng = [
+          dict(x, **min_ratio_fields(x))
+          for x in engine
+          if (x["task"], x["sampling"], x["method"]) == (task, samp, "loopspec")
+      ]
+      rep = [x for x in replay if (x["task"], x["sampling"], x["method"]) == (task, samp, "loopspec")]
+      gamma_rows, source = (rep, f"replay, {rep[0]['num_prompts']} prompts") if rep else (eng, "engine")
+      if gamma_rows and not rep:
+        source = f"engine, {gamma_rows[0]['num_prompts']} prompts, {len(gamma_rows)} pairs"
+      cells = [m.get("model", ""), task, samp]
+      cells.append(
+          f"{env['beta']:.3g} r^-{env['alpha']:.2f} ({ls['r2']:.2f})"
+          if env and ls and ls.get("r2") is not None
+          else "-"
+      )
+      if not t2:
+        lines.append("| " + " | ".join(cells + ["-"] * (len(head) - len(cells))) + " |")
+        continue
+      o, b = t2["optimal_continuous"], t2["best_feasible"]
+      cells += [f"({o[0]:.2f}, {o[1]:.2f})", pair_str(*b)]
+      find = lambda rs: next((x for x in rs if [x["d1"], x["d2"]] == list(b)), None)
+      pg = find(gamma_rows)
+      top = _best(gamma_rows, "mean_accepted_length")
+      cells.append(_gamma(pg) if pg else "not swept")
+      cells.append(f"{pair_str(top['d1'], top['d2'])} {_gamma(top)}" if top else "-")
+      cells.append(source if top else "-")
+      eng_t = [
+          dict(x, **min_ratio_fields(x))
+          for x in timed
+          if (x["task"], x["sampling"], x["method"]) == (task, samp, "loopspec")
+      ] or eng
+      wc = _best(eng_t, "wall_clock_ratio_min") or _best(eng_t, "wall_clock_ratio")  # the less load-sensitive one
+      wm = lambda x: f"{x['wall_clock_ratio']:.2f}x (min/min {_x(x.get('wall_clock_ratio_min'))})"
+      cells.append(f"{pair_str(wc['d1'], wc['d2'])} {wm(wc)}" if wc else "-")
+      pe, pt = find(eng), find(eng_t)
+      cells.append(
+          f"gamma {_gamma(pe)}, {pe['skipped_spawns']} skipped spawns, {wm(pt or pe)}"
+          if pe
+          else ("not swept" if eng else "-")
+      )
+      pr = [projection_fields(x, proj).get("projected_ratio") if x else None for x in (pg, top)]
+      cells.append(" / ".join("-" if v is None else f"{v:.2f}x" for v in pr) if proj else "-")
+      lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+class _Cfg(dict):
+  """A plain dict read like a ConfigDict (attribute access, .get) for prompts_for."""
+
+  __getattr__ = dict.__getitem__
+
+
+def replay_markdown(rows: List[dict], preds: dict) -> str:
+  """Per task: the predicted vs measured best of the replayed grid, then gamma of every pair as a d1 x d2 grid."""
+  out = []
+  for task in dict.fromkeys(x["task"] for x in rows):
+    grp = [x for x in rows if x["task"] == task]
+    ls = [x for x in grp if x["method"] == "loopspec"]
+    pred = preds.get((task, "greedy"))
+    out.append(
+        f"### {grp[0]['model']} / {task} / greedy (replay): {grp[0]['num_prompts']} prompts, {grp[0]['tokens']} tokens"
+    )
+    if pred:
+      o = pred["optimal_continuous"]
+      out.append(
+          f"Envelope {pred['beta']:.4g} r^-{pred['alpha']:.3f}; (d1*, d2*) = ({o[0]:.3f}, {o[1]:.3f}); "
+          f"Theorem 2 best feasible {pair_str(*pred['best_feasible'])}."
+      )
+    out += ["", "| | (d1, d2) | gamma ± se | gamma (depth curve) | gamma (fit) | R/J |", "|---|---|---|---|---|---|"]
+    for name, x, pair in comparison_rows(grp, pred):
+      if "wall clock" in name or "measured rates" in name:
+        continue  # no timing in a replay; the rates are the measurement
+      if x is None:
+        if pair is not None:
+          out.append(f"| {name} | {pair_str(*pair)} | not in grid | | | |")
+        continue
+      out.append(
+          f"| {name} | {pair_str(x['d1'], x['d2'])} | {_gamma(x)} | {_f(x.get('gamma_curve'))} | "
+          f"{_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} |"
+      )
+    d1s = sorted({x["d1"] for x in ls})
+    d2s = sorted({x["d2"] for x in ls if x["d2"] is not None})
+    out += ["", "gamma by (d1 rows, d2 columns; '-' single proposal):", ""]
+    out.append("| d1 \\ d2 | " + " | ".join(str(v) for v in d2s) + " | - |")
+    out.append("|" + "---|" * (len(d2s) + 2))
+    cell = {(x["d1"], x["d2"]): x["mean_accepted_length"] for x in ls}
+    for d1 in d1s:
+      vals = [cell.get((d1, d2)) for d2 in d2s + [None]]
+      out.append(f"| {d1} | " + " | ".join("" if v is None else f"{v:.2f}" for v in vals) + " |")
+    ch = [x for x in grp if x["method"] == "chain"]
+    if ch:
+      out += [
+          "",
+          f"Chain (draft depth {ch[0]['d1']}): "
+          + ", ".join(
+              f"g={x['draft_len']}: gamma {x['mean_accepted_length']:.2f}, {x['tokens_per_round']:.2f} tok/round"
+              for x in ch
+          ),
+      ]
+    out.append("")
+  return "\n".join(out)
 
 
 def pair_str(d1, d2) -> str:
@@ -322,16 +864,53 @@ def _yes(v) -> str:
   return "-" if v is None else ("yes" if v else "NO")
 
 
+def _f(x, fmt=".2f") -> str:
+  return "-" if x is None or (isinstance(x, float) and x != x) else format(x, fmt)
+
+
+def _x(v) -> str:
+  return "-" if v is None else f"{v:.2f}x"
+
+
+def _gamma(x) -> str:
+  se = x.get("gamma_se")
+  return _f(x["mean_accepted_length"]) + ("" if se is None else f" ± {se:.2f}")
+
+
 def best_rows(rows: List[dict], pred: Optional[dict]) -> Dict[str, Optional[dict]]:
-  """The measured best LoopSpec row (highest wall-clock ratio) and the rows of the predicted pairs."""
+  """The measured best LoopSpec rows (by wall clock, by gamma) and the rows of the predicted pairs."""
   ls = [x for x in rows if x["method"] == "loopspec"]
   find = lambda pair: next((x for x in ls if pair is not None and [x["d1"], x["d2"]] == list(pair)), None)
+  tie = lambda x: (x["d1"], x["R"] if x["d2"] is None else x["d2"])
+  top = lambda key: max(ls, key=lambda x: (x.get(key, float("-inf")),) + tuple(-v for v in tie(x))) if ls else None
   return {
-      "measured": max(ls, key=lambda x: x["wall_clock_ratio"]) if ls else None,
-      "measured_gamma": max(ls, key=lambda x: x["mean_accepted_length"]) if ls else None,
+      "measured": top("wall_clock_ratio"),
+      "measured_gamma": top("mean_accepted_length"),
+      "rates": top("predicted_gamma"),
+      "curve": top("gamma_curve") if any("gamma_curve" in x for x in ls) else None,
       "predicted": find(pred["best_feasible"]) if pred else None,
       "predicted_swept": find(pred["best_swept"]) if pred else None,
+      "predicted_fit": find(pred.get("best_fit")) if pred else None,
   }
+
+
+def comparison_rows(rows: List[dict], pred: Optional[dict]) -> List[Tuple[str, Optional[dict], Optional[list]]]:
+  """(name, row or None, pair) of the paper's comparison: the predicted best pairs against the measured best."""
+  best = best_rows(rows, pred)
+  out = [
+      ("measured best by gamma", best["measured_gamma"], None),
+      ("measured best by wall clock (this CPU)", best["measured"], None),
+  ]
+  if pred:
+    out.append(("predicted: Theorem 2 best feasible (min J)", best["predicted"], pred["best_feasible"]))
+    if pred.get("best_swept") != pred["best_feasible"]:
+      out.append(("predicted: Theorem 2 best among swept", best["predicted_swept"], pred["best_swept"]))
+    if pred.get("best_fit"):
+      out.append(("predicted: fitted curve's best gamma", best["predicted_fit"], pred["best_fit"]))
+  if best["curve"] is not None:
+    out.append(("predicted: measured depth curve's best gamma", best["curve"], None))
+  out.append(("predicted: cost identity on measured rates", best["rates"], None))
+  return out
 
 
 def summary_markdown(rows: List[dict], preds: dict) -> str:
@@ -350,7 +929,7 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
     head = f"### {grp[0]['model']} / {task} / {samp}"
     if ar:
       head += (
-          f": AR {ar['tokens']} tokens, decode {ar['decode_seconds_median']:.3f} s "
+          f": {ar['num_prompts']} prompts, AR {ar['tokens']} tokens, decode {ar['decode_seconds_median']:.3f} s "
           f"({ar['tokens_per_second']:.1f} tok/s), median of {ar['repeats']}"
       )
     out.append(head)
@@ -367,24 +946,35 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
     if ls:
       out += [
           "",
-          "| (d1, d2) | gamma | gamma (ticks) | gamma pred. R/C | C pred. | ratio vs AR | commits f/s/r | "
-          "P(rej x1) | P(restart) | Thm 1 bound | gate open | identical | mark |",
-          "|" + "---|" * 13,
+          "| (d1, d2) | gamma ± se | gamma (ticks) | gamma R/C (rates) | gamma, all spawns (replay) | "
+          "gamma (depth curve) | gamma (fit) | R/J (Thm 2) | ratio vs AR | ratio (min/min) | ratio vs AR ref. | "
+          "x AR projected | commits f/s/r | skipped spawns | P(rej x1) | P(restart) | Thm 1 bound | gate open | "
+          "identical | mark |",
+          "|" + "---|" * 20,
       ]
       for x in ls:
         marks = []
         if best["measured"] is x:
           marks.append("**measured best**")
+        if best["measured_gamma"] is x:
+          marks.append("**highest gamma**")
         if best["predicted"] is x:
           marks.append("**predicted best**")
         elif best["predicted_swept"] is x:
           marks.append("predicted best (swept)")
+        if best["predicted_fit"] is x:
+          marks.append("fit's best")
         c = x["commits"]
         out.append(
-            f"| {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
-            f"{x.get('tokens_per_r_steps', float('nan')):.2f} | {x.get('predicted_gamma', float('nan')):.2f} | "
-            f"{x.get('predicted_cost', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x | "
-            f"{c['first']}/{c['second']}/{c['restart']} | {x.get('p_reject_first', 0):.3f} | "
+            f"| {pair_str(x['d1'], x['d2'])} | {_gamma(x)} | "
+            f"{_f(x.get('tokens_per_r_steps'))} | {_f(x.get('predicted_gamma'))} | "
+            f"{_f(x.get('gamma_all_spawns'))}{'' if x.get('replay_first_matches', True) else ' (first differs!)'} | "
+            f"{_f(x.get('gamma_curve'))} | "
+            f"{_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} | {x['wall_clock_ratio']:.2f}x | "
+            f"{_x(x.get('wall_clock_ratio_min'))} | "
+            f"{_x(x.get('wall_clock_ratio_reference', x['wall_clock_ratio']))} | {_x(x.get('projected_ratio'))} | "
+            f"{c['first']}/{c['second']}/{c['restart']} | {x.get('skipped_spawns', 0)} | "
+            f"{x.get('p_reject_first', 0):.3f} | "
             f"{x.get('p_restart', 0):.3f} | {_thm1(x)} | {x['gate_open_rate']:.2f} | "
             f"{_yes(x.get('identical_to_ar'))} | "
             f"{' '.join(marks)} |"
@@ -396,30 +986,33 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
           "",
           f"Chain (draft depth {ch[0]['d1']}; fitted i.i.d. acceptance a = {a:.3f})",
           "",
-          "| draft len | gamma | tokens / round | (1-a^(g+1))/(1-a) | drafts accepted | ratio vs AR | identical |",
-          "|---|---|---|---|---|---|---|",
+          "| draft len | gamma ± se | tokens / round | (1-a^(g+1))/(1-a) | drafts accepted | ratio vs AR | "
+          "ratio (min/min) | ratio vs AR ref. | x AR projected | identical |",
+          "|---|---|---|---|---|---|---|---|---|---|",
       ]
       for x in ch:
         out.append(
-            f"| {x['draft_len']} | {x['mean_accepted_length']:.2f} | {x['tokens_per_round']:.2f} | "
+            f"| {x['draft_len']} | {_gamma(x)} | {x['tokens_per_round']:.2f} | "
             f"{theory.chain_expected_tokens(a, x['draft_len']):.2f} | {x.get('acceptance_rate', 0):.3f} | "
-            f"{x['wall_clock_ratio']:.2f}x | {_yes(x.get('identical_to_ar'))} |"
+            f"{x['wall_clock_ratio']:.2f}x | {_x(x.get('wall_clock_ratio_min'))} | "
+            f"{_x(x.get('wall_clock_ratio_reference', x['wall_clock_ratio']))} | "
+            f"{_x(x.get('projected_ratio'))} | {_yes(x.get('identical_to_ar'))} |"
         )
     if ls:
-      out += ["", "| | (d1, d2) | gamma | gamma pred. R/C | ratio vs AR |", "|---|---|---|---|---|"]
-      for name, x in (
-          ("measured best (wall clock)", best["measured"]),
-          ("highest gamma", best["measured_gamma"]),
-          ("predicted best (Theorem 2)", best["predicted"]),
-          ("predicted best among swept", best["predicted_swept"]),
-      ):
+      out += [
+          "",
+          "| | (d1, d2) | gamma ± se | gamma, all spawns | gamma (fit) | R/J | ratio vs AR | x AR projected |",
+          "|---|---|---|---|---|---|---|---|",
+      ]
+      for name, x, pair in comparison_rows(grp, pred):
         if x is None:
-          if name.startswith("predicted best (") and pred:
-            out.append(f"| {name} | {pair_str(*pred['best_feasible'])} | not swept | | |")
+          if pair is not None:
+            out.append(f"| {name} | {pair_str(*pair)} | not swept | | | | | |")
           continue
         out.append(
-            f"| {name} | {pair_str(x['d1'], x['d2'])} | {x['mean_accepted_length']:.2f} | "
-            f"{x.get('predicted_gamma', float('nan')):.2f} | {x['wall_clock_ratio']:.2f}x |"
+            f"| {name} | {pair_str(x['d1'], x['d2'])} | {_gamma(x)} | {_f(x.get('gamma_all_spawns'))} | "
+            f"{_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} | {x['wall_clock_ratio']:.2f}x | "
+            f"{_x(x.get('projected_ratio'))} |"
         )
     out.append("")
   return "\n".join(out)
@@ -427,7 +1020,28 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
 
 def main(argv):
   del argv
+  distributed.initialize_from_env()  # a no-op for one process
   cfg = _CONFIG.value
+  if cfg.get("mode", "engine") == "project":  # the loops of the configured engine grid (replayed pairs share d1)
+    r = model_config(cfg.projection_model).recurrence
+    rows = [
+        {"method": n, "d1": kw["d1"], "d2": kw.get("d2"), "draft_len": kw.get("gamma")}
+        for n, kw in method_specs(cfg, r)
+    ]
+    project_costs(cfg, rows)
+    return
+  if cfg.get("mode", "engine") == "headline":
+    dirs = common.split_list(cfg.headline_dirs)
+    text = headline_markdown(dirs, cfg.get("headline_wall_clock") or "sweep")
+    print(text)
+    if common.is_main_process():
+      common.atomic_write_text(cfg.headline_out, text + "\n")
+    return
+  if cfg.get("mode", "engine") == "replay":
+    res = replay_rows(cfg)
+    print(res["table"])
+    print(f"rows in {os.path.join(cfg.out_dir, 'replay.jsonl')}, table in {os.path.join(cfg.out_dir, 'replay.md')}")
+    return
   res = run_sweep(cfg)
   print(res["table"])
   print(f"rows in {os.path.join(cfg.out_dir, 'sweep.jsonl')}, table in {os.path.join(cfg.out_dir, 'sweep.md')}")

@@ -3,6 +3,8 @@
   loopspec-measure-depths                                   # this config (the default)
   loopspec-measure-depths --config=sweeps/depths.py:tiny    # test-sized
   loopspec-measure-depths --config.model=tiny-raven --config.tasks=gsm8k
+  loopspec-measure-depths --config=sweeps/depths.py:tiny_raven  # issue 13: bundled model, every task, 24 x 64
+  loopspec-measure-depths --config=sweeps/depths.py:tiny_ouro
 Writes <out_dir>/depths.jsonl (per prompt, resumable) and depths_<task>_<sampling>.json / .png.
 """
 
@@ -25,6 +27,8 @@ def get_config(arg=None):
   c.eos_id = config_dict.placeholder(int)  # none: no end-of-sequence token
   c.samplings = "greedy"  # comma-separated names from sampling_settings
   c.sampling_settings = {"greedy": {"temperature": 0.0}, "sample": {"temperature": 1.0, "top_p": 0.7}}
+  # More prompts for some '<task>_<sampling>' groups (their rates vary more across prompts), e.g. {"mbpp_greedy": 64}
+  c.num_prompts_by_group = {}
   c.include_single = True  # Theorem 2's best feasible pair may be single-proposal (d1, None)
   c.out_dir = "results/depths"
   c.progress = True
@@ -35,6 +39,26 @@ def get_config(arg=None):
     c.prompt_len = 10
     c.max_new_tokens = 16
     c.out_dir = "results/depths_tiny"
+  elif arg in ("tiny_raven", "tiny_ouro"):  # the bundled trained models on every prompt set (results/bundled/)
+    # 24 prompts x 64 new tokens = 1536 positions per (task, sampling): the standard error of every rate, taken
+    # across prompts (positions along one text are correlated), stays under 0.02.
+    c.model = arg.replace("_", "-")
+    c.contraction = None
+    c.tasks = "gsm8k,math500,mbpp,humaneval,shakespeare"
+    c.num_prompts = 24
+    c.max_new_tokens = 64
+    c.samplings = "greedy,sample"
+    c.out_dir = f"results/bundled/{c.model}/depths"
+    # Greedy agreement varies most across prompts (a prompt the model continues by rote agrees at every depth):
+    # with 24 prompts, tiny-raven mbpp_greedy and tiny-ouro math500 / mbpp / humaneval_greedy have a standard
+    # error of 0.03-0.045 at depth 1; num_prompts_by_group = {"mbpp_greedy": 64} here adds prompts (resumable).
+  elif arg == "bundled_ci":  # tests/test_depth_sweep.py: tiny-raven, one GSM8K prompt, 8 tokens (sweeps/bundled.py:ci)
+    c.model = "tiny-raven"
+    c.contraction = None
+    c.tasks = "gsm8k"
+    c.num_prompts = 1
+    c.max_new_tokens = 8
+    c.out_dir = "results/bundled_ci/depths"
   elif arg:
     raise ValueError(f"unknown preset {arg!r}")
   return c
