@@ -284,11 +284,6 @@ def test_killed_process_mid_run_stops_every_other(tmp_path, killed, after):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep.py neither starts jax.distributed nor guards its row appends by process 0, so every process "
-    "appends every row (the three-line change is described in the multi-host report); remove this mark with it",
-)
 def test_sweep_on_two_processes_writes_each_row_once(tmp_path):
   """`loopspec-sweep` (its tiny preset) run as 2 processes appends every configuration's row once."""
   out_dir = tmp_path / "sweep"

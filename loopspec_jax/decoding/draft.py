@@ -38,6 +38,7 @@ from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.models.model import LoopedModel
 from loopspec_jax.parallel.logical import axes_field
 
 
@@ -330,8 +331,6 @@ def check_compatible(target, drafter) -> None:
   """ValueError unless `drafter` (a LoopedModel) can draft for `target`: the same vocabulary size, the same
   tokenizer (its JSON: vocabulary, merges, normalisation, pre-tokenisation; both or neither present) and a
   context at least as long as the target's."""
-  from loopspec_jax.models.model import LoopedModel
-
   if not isinstance(drafter, LoopedModel):
     raise ValueError(f"method='draft' needs draft_model=<a LoopedModel (lj.load(...))>, got {type(drafter).__name__}")
   cfg, dcfg = target.config, drafter.config

@@ -32,6 +32,7 @@ from typing import List, Optional
 from absl import flags
 from ml_collections import config_flags
 
+import loopspec_jax
 from loopspec_jax import tasks as offline_tasks
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.experiments import common
@@ -275,8 +276,6 @@ def run_evaluation(cfg, model=None) -> dict:
   try:
     if todo:
       if model is None:
-        import loopspec_jax
-
         model = loopspec_jax.load(cfg.model, dtype=cfg.dtype)
       lms = {}
       for task, label in todo:

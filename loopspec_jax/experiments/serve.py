@@ -16,6 +16,7 @@ from typing import Optional
 from absl import flags
 
 from loopspec_jax.experiments import common
+from loopspec_jax.serving import Engine, EngineConfig, Request
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -45,7 +46,6 @@ flags.DEFINE_boolean("warmup", True, "Compile (one short request) before opening
 
 def build_engine(model_spec: str, *, dtype: str = "float32", mesh=None, **config):
   """(model, Engine) for a model spec and EngineConfig fields."""
-  from loopspec_jax.serving import Engine, EngineConfig
 
   model = common.resolve_model(model_spec, dtype=dtype)
   return model, Engine(model, EngineConfig(**config), mesh=mesh)
@@ -53,7 +53,6 @@ def build_engine(model_spec: str, *, dtype: str = "float32", mesh=None, **config
 
 def warm_up(engine) -> None:
   """Runs one short request through prefill, admission and the decode loop so that they are compiled."""
-  from loopspec_jax.serving import Request
 
   engine.generate(Request(prompt=[1, 2, 3], max_tokens=2, temperature=0.0))
 
@@ -66,7 +65,7 @@ def main(argv):
   del argv
   import uvicorn
 
-  from loopspec_jax.serving import server
+  from loopspec_jax.serving import server  # FastAPI: the optional 'serve' extra
 
   f = FLAGS
   print(f"loading {f.model} and building the {f.method} engine ({f.slots} slots) ...", flush=True)

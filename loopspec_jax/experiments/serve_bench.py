@@ -14,6 +14,7 @@ requests, and the engine's per-token overhead against it.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import List
@@ -21,7 +22,11 @@ from typing import List
 import numpy as np
 from absl import flags
 
+import loopspec_jax as lj
 from loopspec_jax.experiments import common
+from loopspec_jax.experiments import demo
+from loopspec_jax.experiments.serve import build_engine
+from loopspec_jax.serving import Request
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(
@@ -152,7 +157,6 @@ def one_at_a_time_overhead(engine, model, reqs: list, kw: dict, greedy: bool, re
   request (so that both see the same machine load): (generate ms/token, engine ms/token), medians over
   repeats of the summed latency from submission (engine) or call (generate, prefill + decode) to the last
   token."""
-  import loopspec_jax as lj
 
   method_kw = {k: v for k, v in kw.items() if k != "method" and v is not None}
   sampling = {} if greedy else dict(temperature=1.0, top_p=0.7)
@@ -215,9 +219,6 @@ def table(rows: list) -> str:
 
 def main(argv):
   del argv
-  from loopspec_jax.experiments import demo
-  from loopspec_jax.experiments.serve import build_engine
-  from loopspec_jax.serving import Request
 
   f = FLAGS
   rates = [float(x) for x in common.split_list(f.rates)]
@@ -273,11 +274,10 @@ def main(argv):
 
 def _serve(engine, name: str):
   """Starts the HTTP app on a free local port in a thread; returns (base URL, stop function)."""
-  import socket
 
   import uvicorn
 
-  from loopspec_jax.serving import server
+  from loopspec_jax.serving import server  # FastAPI: the optional 'serve' extra
 
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

@@ -32,8 +32,10 @@ only the second is timed, so tokens/s excludes compilation.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
+import os
 import sys
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -48,6 +50,7 @@ import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax.decoding import common as decoding
 from loopspec_jax.experiments import common as exp_common
+from loopspec_jax.tasks import TASKS_DIR
 
 NAME = "loopspec_jax"
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
@@ -414,9 +417,6 @@ class LoopSpecLM(TemplateLM):
 
 def _with_tokenizer(model, spec: str):
   """`model` with the tokenizer of a tokenizer.json file, a directory holding one, or a bundled model."""
-  import dataclasses
-  import os
-
   from tokenizers import Tokenizer
 
   if os.path.isfile(spec):
@@ -443,8 +443,6 @@ def _request_id(task, req, context: str, copy: int) -> int:
 def cli_main(argv: Optional[List[str]] = None):
   """lm-eval's command line with this backend registered and the offline tasks on the include path."""
   from lm_eval.__main__ import cli_evaluate
-
-  from loopspec_jax.tasks import TASKS_DIR
 
   argv = list(sys.argv[1:] if argv is None else argv)
   if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
