@@ -30,10 +30,10 @@ LOOPSPEC = [
     ("ouro:tiny", 2, None),
     ("huginn:tiny", 2, 4),
     ("huginn:tiny", 2, None),
-    ("raven_llama:tiny", 2, 6),
-    ("raven_olmo:tiny", 1, 4),
 ]
 LOOPSPEC_SLOW = [
+    ("raven_llama:tiny", 2, 6),
+    ("raven_olmo:tiny", 1, 4),
     ("ouro:tiny", 1, 3),
     ("huginn:tiny", 1, 4),
     ("raven_llama:tiny", 1, 6),

@@ -133,6 +133,7 @@ def test_two_processes_decode_like_one_device_and_only_process_0_writes(tmp_path
   _assert_only_process_0_wrote(res, 2, tokens)
 
 
+@pytest.mark.slow  # ~45 s: two process starts, a kill and the heartbeat timeout
 def test_killed_process_makes_the_other_fail_within_the_heartbeat_timeout(tmp_path):
   """Process 1 SIGKILLs itself before the first decode; process 0 must exit non-zero with a clear message
   within about the heartbeat timeout (10 s here) instead of waiting for it."""

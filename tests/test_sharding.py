@@ -32,7 +32,7 @@ from loopspec_jax.parallel import sharding
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-MESHES = [None, (8, 1), (4, 2), (2, 4), (1, 8)]
+MESHES = [None, (8, 1), (2, 4), (1, 8)]  # pure data, mixed, pure model parallel
 FAMILIES = {
     # model config spec, LoopSpec settings, chain settings, mesh of the sampled run and of the plan check
     # huginn on (1, 8): 4 heads / 4 KV heads do not divide 8 (zero-padded to 8), MLP 48 and vocab 64 do.
