@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import inspect
+import math
 import os
 import traceback
 from unittest import mock
@@ -53,12 +55,15 @@ import jax
 import numpy as np
 import pytest
 from scipy import stats
+from tokenizers import Tokenizer
 
 import loopspec_jax
 from loopspec_jax import api
+from loopspec_jax.checkpoint import native
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
+from loopspec_jax.models import looped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -387,20 +392,13 @@ def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: 
 # ---------------------------------------------------------------------------------------------------
 # Models with a tokenizer (tests of the text-level integrations: lm-eval)
 # ---------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _tokenized_model(spec, contraction, seed, overrides):
-  import dataclasses
-  import math
-
-  from tokenizers import Tokenizer
-
-  from loopspec_jax.checkpoint import native
-  from loopspec_jax.models import looped
-
-  cfg = model_config(spec, **dict(overrides))
+def numpy_params(cfg, contraction=None, seed: int = 0):
+  """Parameters of cfg at the init scales of looped.init_params, drawn with numpy (eager jax.random compiles one
+  kernel per parameter shape, ~25 s for huginn:tiny on a busy 2-core machine), float32. `contraction` scales the
+  recurrent state's input (Raven) or sets the core norms (Ouro), so early depths agree with the full depth."""
   rng = np.random.RandomState(seed)
 
-  def init(path, shape):  # the init scales of looped.init_params, drawn with numpy (eager jax.random compiles)
+  def init(path, shape):
     if "norm" in path and "qk" not in path:
       return 1.0 + 0.1 * rng.randn(*shape)
     if "qk_bias" in path or path.endswith("['b']"):
@@ -419,7 +417,13 @@ def _tokenized_model(spec, contraction, seed, overrides):
     else:
       for n in ("norm_2", "norm_4"):
         params["core"][n][:] = contraction
-  params = jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), params)
+  return jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), params)
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenized_model(spec, contraction, seed, overrides):
+  cfg = model_config(spec, **dict(overrides))
+  params = numpy_params(cfg, contraction, seed)
   tok = Tokenizer.from_file(os.path.join(native.bundled_path("tiny-raven"), "tokenizer.json"))
   return dataclasses.replace(api.LoopedModel(cfg, params), tokenizer=tok, source=f"test:{spec}")
 

@@ -11,10 +11,10 @@ import json
 import math
 import os
 
-import jax
 import numpy as np
 import pytest
 
+import helpers
 import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax.analysis import depth_metrics as DA
@@ -26,7 +26,6 @@ from loopspec_jax.configs.sweeps import depths as depths_config
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import measure_depths
 from loopspec_jax.experiments import sweep
-from loopspec_jax.models import looped as M
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the notebook is notebooks/ of the checkout
 
@@ -38,25 +37,7 @@ def numpy_model(spec: str, contraction: float, seed: int = 0):
   machine); the tests only need some tiny contractive model, not those exact weights.
   """
   cfg = model_configs.model_config(spec[len("random:") :])
-  rng = np.random.RandomState(seed)
-
-  def init(path, shape):
-    if "norm" in path and "qk" not in path:
-      return 1.0 + 0.1 * rng.randn(*shape)
-    if "qk_bias" in path or path.endswith("['b']"):
-      return 0.1 * rng.randn(*shape)
-    if "embed" in path:
-      return rng.randn(*shape) * (1.0 / math.sqrt(cfg.hidden_size) if cfg.embed_scale != 1.0 else 0.1)
-    return rng.randn(*shape) / math.sqrt(shape[-2] if len(shape) >= 2 else shape[-1])
-
-  shapes = M.param_shapes(cfg)
-  params = jax.tree_util.tree_map_with_path(lambda p, s: init(jax.tree_util.keystr(p), s), shapes, is_leaf=M._is_shape)
-  if cfg.is_raven:
-    params["adapter"][: cfg.hidden_size] *= contraction
-  else:
-    for n in ("norm_2", "norm_4"):
-      params["core"][n][:] = contraction
-  params = jax.tree_util.tree_map(lambda x: jax.numpy.asarray(x, jax.numpy.float32), params)
+  params = helpers.numpy_params(cfg, contraction, seed)
   return api.LoopedModel(cfg, params)
 
 
