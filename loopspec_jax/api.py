@@ -162,8 +162,6 @@ def generate(
   }
   if method == "draft" and draft_model is not None:
     draft.check_compatible(model, draft_model)
-    if mesh is not None:
-      raise NotImplementedError("method='draft' does not run on a mesh yet (the drafter's parameters are not placed)")
   decoder = _make_decoder(method, cfg, greedy, random_init, method_args)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch and method != "ar":
     decoder = _make_decoder("ar", cfg, greedy, random_init, {})  # large batches are compute-bound

@@ -18,6 +18,10 @@ Expected tokens per verify pass (1 - a^(gamma+1)) / (1 - a) at acceptance rate a
 (`adaptive.expected_tokens`). `gamma="auto"` picks each request's gamma from its past acceptance
 (`decoding/adaptive.py`). The verify round (`verify_round`) and the state (`SpecState`) are shared with prompt
 lookup (`decoding/lookup.py`), whose drafts are copied from earlier text instead.
+
+On a mesh (`generate(..., mesh=)`) `initial_state` and `decode_loop` run as sharded entry points
+(`parallel/sharding.py`): the drafter's parameters (argument kind 'draft_params') are sharded by the same rules
+in the drafter's own head layout, and its KV cache like the target's (see `make_decoder`).
 """
 
 from __future__ import annotations
@@ -349,13 +353,26 @@ def check_compatible(target, drafter) -> None:
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_model, gamma) -> common.Decoder:
-  """The Decoder of method='draft' (compatibility with the target is checked by `check_compatible`)."""
+  """The Decoder of method='draft' (compatibility with the target is checked by `check_compatible`).
+
+  Its init and loop are `initial_state` and `decode_loop` themselves, the drafter's parameters passed as the
+  keyword `dparams` (traced) and its config as the static `dcfg`, so on a mesh they run as registered
+  sharded entry points (`parallel/sharding.py`, argument kind 'draft_params'). There the drafter's parameters
+  are sharded, not replicated: by the same rules as the target's, in the drafter's own head layout
+  `sharding.padded_config(dcfg, mesh)` (heads the model axis does not divide are repeated / zero-padded
+  exactly, as for the target; a drafter from `load(..., mesh=)` is already laid out and placed, any other is
+  laid out inside the programs). Padding always finds a layout, and replicating would keep a full drafter
+  copy, KV cache and attention flops on every device of the model axis, so replication is never needed. Its
+  KV cache (`SpecState.dcache`, a KVCache with declared axes) is sharded like the target's: requests over
+  'data', KV heads over 'model'.
+  """
   if draft_model is None:
     raise ValueError("method='draft' needs draft_model=<a LoopedModel with the target's tokenizer>")
   g, auto = adaptive.parse_gamma("draft", gamma)
   dcfg, dparams = draft_model.config, draft_model.params
-  init_kw = {"cfg": cfg, "dcfg": dcfg}
-  loop_kw = {"cfg": cfg, "dcfg": dcfg, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init}
+  # dparams travel as a keyword (traced, not static): init / loop stay the registered entry points themselves.
+  init_kw = {"dparams": dparams, "cfg": cfg, "dcfg": dcfg}
+  loop_kw = dict(init_kw, gamma=g, auto=auto, greedy=greedy, random_init=random_init)
   extras = {
       "draft_model": draft_model.source or dcfg.family,
       "draft_layer_calls": adaptive.layer_calls(dcfg, dcfg.recurrence),
@@ -365,9 +382,8 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
       readout_depths=(cfg.recurrence,),
       cache_group=1,
       extra_positions=g + 1,
-      # Module-level names are looked up at call time (tests swap in fresh jits); dparams are traced.
-      init=lambda cache, tokens, lengths, sp, **kw: initial_state(cache, tokens, lengths, sp, dparams, **kw),
-      loop=lambda params, state, sp, **kw: decode_loop(params, state, sp, dparams, **kw),
+      init=initial_state,
+      loop=decode_loop,
       stats=functools.partial(
           summarize,
           cfg=cfg,

@@ -28,7 +28,9 @@ config and lay out parameters that were not (inside the program). A dimension th
 Decode entry points run as `jax.jit` with explicit in/out shardings and donated state, under
 `jax.set_mesh(mesh)`, on inputs placed up front; `entry(fn, mesh)` returns that sharded version of one of
 `ENTRY_POINTS` (built once per function, mesh, rules and static arguments, then cached) and `fn` itself when
-mesh is None, so the single-device path is unchanged.
+mesh is None, so the single-device path is unchanged. An entry point may take several parameter trees, each
+with its own config (`PARAM_KINDS`: 'params' with `cfg`, 'draft_params' with `dcfg`, the separate drafter of
+method='draft'); each is laid out and sharded by the same rules in its own config's head layout.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ _TOP_AXES = {
     "b": (None,),  # w / b: Ouro's exit gate
 }
 _STACKS = ("prelude", "core", "coda")
+# Kinds of parameter trees (all laid out by the table above) -> the static argument holding each one's config:
+# the decoded model's, and the separate drafter's of method='draft' (its own head count, so its own layout).
+PARAM_KINDS = {"params": "cfg", "draft_params": "dcfg"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -395,14 +400,14 @@ def param_axes(path, leaf) -> tuple:
 
 def tree_axes(tree, kind):
   """Logical axes of every leaf of a tree of arrays (or ShapeDtypeStructs), in a tree of the same structure
-  whose leaves are `P(*names)` (logical names, not yet mesh axes). kind: 'params' (the table by path),
-  'state' (the axes its dataclasses declare), or a tuple of logical names (every leaf)."""
-  if kind == "params":
+  whose leaves are `P(*names)` (logical names, not yet mesh axes). kind: 'params' or another of `PARAM_KINDS`
+  (the table by path), 'state' (the axes its dataclasses declare), or a tuple of logical names (every leaf)."""
+  if isinstance(kind, str) and kind in PARAM_KINDS:
     return jax.tree_util.tree_map_with_path(lambda path, x: P(*param_axes(path, x)), tree)
   if kind == "state":
     return logical.map_with_axes(lambda axes, x: P(*axes), tree)
   if isinstance(kind, str):
-    raise ValueError(f"unknown tree kind {kind!r} (params, state, or a tuple of logical axes)")
+    raise ValueError(f"unknown tree kind {kind!r} ({', '.join(PARAM_KINDS)}, state, or a tuple of logical axes)")
   return jax.tree_util.tree_map(lambda x: P(*kind), tree)
 
 
@@ -525,8 +530,9 @@ def drop_padding(result, n: int):
 # ---------------------------------------------------------------------------------------------------
 # "module.function" -> (kinds of the leading array arguments, donated argument indices, output shardings:
 # the index of the argument whose shardings the output keeps, or kinds of the outputs (of their eval_shape)).
-# A kind is 'params', 'state' (declared axes) or a tuple of logical axes (see `tree_axes`); the arguments
-# after the leading arrays are static (cfg, shape, greedy, cache_group, ...).
+# A kind is one of `PARAM_KINDS` ('params': laid out for the static `cfg`; 'draft_params': for `dcfg`), 'state'
+# (declared axes) or a tuple of logical axes (see `tree_axes`); the arguments after the leading arrays are
+# static (cfg, dcfg, shape, greedy, cache_group, ...).
 _TOKENS, _LENGTHS = ("batch", "length"), ("batch",)
 _INIT = (("state", _TOKENS, _LENGTHS, "state"), (0, 1), "state")  # (cache, tokens, lengths, sp) -> state
 _LOOP = (("params", "state", "state"), (1,), 1)  # (params, state, sp) -> state
@@ -538,11 +544,15 @@ ENTRY_POINTS = {
     "loopspec_jax.decoding.chain.decode_loop": _LOOP,
     "loopspec_jax.decoding.loopspec.state.initial_state": _INIT,
     "loopspec_jax.decoding.loopspec.tick.decode_loop": _LOOP,
+    # method='draft': the drafter's parameters follow the usual arguments; its KV cache is in the state.
+    "loopspec_jax.decoding.draft.initial_state": (_INIT[0] + ("draft_params",), _INIT[1], _INIT[2]),
+    "loopspec_jax.decoding.draft.decode_loop": (_LOOP[0] + ("draft_params",), _LOOP[1], _LOOP[2]),
 }
 
 _JITS: dict = {}  # (entry, plan, static args, input shardings) -> (jitted function, output shardings)
 TRACES = collections.Counter()  # entry name -> times a sharded wrapper traced its function
 LAST_SHARDINGS: dict = {}  # entry name -> shardings of its last result (for inspection and tests)
+LAST_IN_SHARDINGS: dict = {}  # entry name -> shardings of its last call's array arguments (likewise)
 
 
 def entry_name(fn) -> str:
@@ -567,21 +577,38 @@ def entry(fn, mesh, rules=None):
     kinds, donate, out = ENTRY_POINTS[name]
     arrays = tuple(v for _, v in values[: len(kinds)])
     static = tuple(values[len(kinds) :])
-    cfg = dict(static).get("cfg")
-    cfg_to = padded_config(cfg, mesh_plan)  # the head layout of this mesh (cfg itself when heads divide)
-    static = tuple((k, cfg_to if k == "cfg" else v) for k, v in static)
-    # Parameters still in cfg's head layout (not placed by `shard_params`) are laid out inside the program.
-    pad = tuple(k == "params" and cfg_to != cfg and not params_match(a, cfg_to) for a, k in zip(arrays, kinds))
-    in_sh = tuple(tree_shardings(a, k, mesh_plan, cfg if p else cfg_to) for a, k, p in zip(arrays, kinds, pad))
+    # Configs (cfg, and dcfg for a drafter) in the head layout of this mesh (themselves when heads divide).
+    base = {k: v for k, v in static if k in PARAM_KINDS.values()}
+    laid = {k: padded_config(v, mesh_plan) for k, v in base.items()}
+    static = tuple((k, laid.get(k, v)) for k, v in static)
+    cfg_to = laid.get("cfg")
+    conf = lambda k: PARAM_KINDS.get(k, "cfg")  # the config an argument kind follows (state: the model's)
+    # Parameters still in their config's head layout (not placed by `shard_params`) are laid out inside the
+    # program.
+    pad = tuple(
+        k in PARAM_KINDS and laid.get(conf(k)) != base.get(conf(k)) and not params_match(a, laid[conf(k)])
+        for a, k in zip(arrays, kinds)
+    )
+    in_sh = tuple(
+        tree_shardings(a, k, mesh_plan, (base if p else laid).get(conf(k))) for a, k, p in zip(arrays, kinds, pad)
+    )
     leaves, treedef = jax.tree_util.tree_flatten(in_sh)
-    key = (name, mesh_plan, static, treedef, tuple(leaves), pad, cfg if any(pad) else None)
+    key = (
+        name,
+        mesh_plan,
+        static,
+        treedef,
+        tuple(leaves),
+        pad,
+        tuple(base[conf(k)] if p else None for k, p in zip(kinds, pad)),
+    )
     if key not in _JITS:
 
-      def lay_out(x):  # cfg's parameters in cfg_to's head layout, sharded as the rules say
-        x = pad_params(x, cfg, cfg_to)
-        return jax.lax.with_sharding_constraint(x, tree_shardings(x, "params", mesh_plan, cfg_to))
+      def lay_out(x, k):  # parameters in their config's laid-out head layout, sharded as the rules say
+        x = pad_params(x, base[conf(k)], laid[conf(k)])
+        return jax.lax.with_sharding_constraint(x, tree_shardings(x, k, mesh_plan, laid[conf(k)]))
 
-      fun = lambda *a: raw(*(lay_out(x) if p else x for x, p in zip(a, pad)), **dict(static))
+      fun = lambda *a: raw(*(lay_out(x, k) if p else x for x, k, p in zip(a, kinds, pad)), **dict(static))
       if isinstance(out, int):
         out_sh = in_sh[out]
       else:
@@ -604,6 +631,7 @@ def entry(fn, mesh, rules=None):
 
   def call(*args, **kwargs):
     jitted, placed, out = prepare(*args, **kwargs)
+    LAST_IN_SHARDINGS[name] = jax.tree_util.tree_map(lambda x: x.sharding, placed)
     with jax.set_mesh(mesh_plan.mesh):
       result = jitted(*placed)
     LAST_SHARDINGS[name] = jax.tree_util.tree_map(lambda x: x.sharding, result)
