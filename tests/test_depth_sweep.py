@@ -7,6 +7,7 @@ tests check the cost identity and Theorem 1 on the engine's stats, resumability,
 Every decode uses the same shapes (prompt bucket 16, cache 32), so each program compiles once per module.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -359,3 +360,48 @@ def test_bundled_model_pipeline(tmp_path):
   assert "measured best by gamma" in res["table"]
   # Theorem 2's line appears exactly when the depth curve had two depths above the TV floor to fit.
   assert ("Theorem 2 from" in res["table"]) == (summary["theorem2"] is not None)
+
+
+def test_sweep_draft_and_lookup_rows(tmp_path):
+  """A sweep with draft-model and prompt-lookup rows (the target's own weights at R = 1 as the separate drafter):
+  their rows carry tokens per verify pass, acceptance, alpha, the draft cost share and the wall-clock ratio, the
+  table compares them with AR, and a rerun skips every row."""
+  scfg = sweep_config.get_config("tiny")
+  scfg.out_dir = str(tmp_path / "sweep")
+  scfg.depths_json = ""
+  scfg.progress = False
+  scfg.max_new_tokens = 8
+  scfg.d1s, scfg.configs, scfg.chain_d1 = "0", "", None  # no LoopSpec pair (no d1 = 0) and no chain: baselines only
+  scfg.draft_model, scfg.draft_gammas = "shallow", "2"
+  scfg.lookup_ngram, scfg.lookup_gammas = 2, "2"
+  scfg.interleave_ar = True
+  model = numpy_model(scfg.model, scfg.contraction, scfg.seed)
+  drafter = dataclasses.replace(model, config=model.config.replace(recurrence=1), source="shallow")
+  res = sweep.run_sweep(scfg, model, draft_model=drafter)
+  rows = {x["label"]: x for x in res["rows"]}
+  assert set(rows) == {"ar", "draft(draft_model=shallow,gamma=2)", "lookup(ngram=2,gamma=2)"}
+  for label, x in rows.items():
+    if x["method"] == "ar":
+      continue
+    assert x["identical_to_ar"] is True, label  # greedy: lossless
+    assert x["wall_clock_ratio"] > 0 and len(x["ar_decode_seconds_interleaved"]) == scfg.repeats
+    n, rounds = x["tokens"], x["rounds"]
+    assert n == scfg.max_new_tokens * scfg.num_prompts and 1 <= rounds <= n
+    assert x["tokens_per_round"] == x["mean_accepted_length"] == pytest.approx(n / rounds)
+    assert x["commits"]["first"] == n - rounds  # every pass commits its accepted drafts plus one target token
+    assert x["acceptance_rate"] == pytest.approx(x["commits"]["first"] / max(x["drafted"], 1))
+    assert x["draft_len"] == 2 and x["mean_gamma"] <= 2
+    assert x["per_prompt"][0][:3] == [n, rounds, x["commits"]["first"]]
+  dr = rows["draft(draft_model=shallow,gamma=2)"]
+  assert dr["drafted"] > 0 and 0 <= dr["alpha"] <= 1 and 0 < dr["draft_cost_share"] < 1
+  assert dr["draft_model"] == "shallow"
+  assert rows["lookup(ngram=2,gamma=2)"]["draft_cost_share"] == 0.0 and rows["lookup(ngram=2,gamma=2)"]["ngram"] == 2
+  table = open(os.path.join(scfg.out_dir, "sweep.md")).read()
+  assert table == res["table"] + "\n"
+  assert "| draft shallow, gamma=2 |" in table and "| lookup ngram=2, gamma=2 |" in table
+  assert "tokens / verify pass" in table and "draft cost share" in table
+  jsonl = os.path.join(scfg.out_dir, "sweep.jsonl")
+  before = open(jsonl).read()
+  again = sweep.run_sweep(scfg, model, draft_model=drafter)  # resumed: every key is there
+  assert open(jsonl).read() == before
+  assert [x["key"] for x in again["rows"]] == [x["key"] for x in res["rows"]]

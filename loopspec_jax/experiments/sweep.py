@@ -12,6 +12,13 @@ fsynced line); a rerun skips keys already present (model, task, sampling, method
 so a killed sweep loses at most the configuration in flight and never duplicates one. <out_dir>/sweep.md
 tables every group and marks the measured best and Theorem 2's predicted best (from the depth JSON).
 
+The classic speculative baselines can be rows of the same run: a separate draft model (`draft_model`, a bundled
+name or checkpoint loaded once, for each of `draft_gammas`, "auto" allowed) and prompt lookup (`lookup_ngram`,
+`lookup_gammas`). Their rows hold tokens per verify pass, the acceptance rate (accepted / offered drafts), the
+per-draft acceptance alpha (accepted / examined drafts), drafts offered per pass and the draft cost share
+(`decoding/draft.py` `summarize`, recomputed from the summed counts), and a table compares every method of the
+group (AR, chain, draft, lookup, LoopSpec) by those and the wall-clock ratio.
+
   loopspec-sweep                                    # loopspec_jax/configs/sweeps/default.py
   loopspec-sweep --config=sweeps/default.py:quick   # a few configurations
 """
@@ -75,17 +82,50 @@ def loopspec_grid(cfg, r: int) -> List[Tuple[int, Optional[int]]]:
   return out
 
 
+def _gammas(text) -> list:
+  """'4,auto' -> [4, 'auto'] (draft lengths of the draft-model and lookup rows)."""
+  return [g if g == "auto" else int(g) for g in common.split_list(text)]
+
+
+SPECULATIVE = ("draft", "lookup")  # the separate-drafter baselines (decoding/draft.py, decoding/lookup.py)
+
+
 def method_specs(cfg, r: int) -> List[Tuple[str, dict]]:
+  """(method, arguments) of every row but AR: the LoopSpec grid, chain, draft model and prompt lookup.
+
+  A draft row names its drafter (`draft_model`, the config's string), so its key and label say which one;
+  `decode_all` passes the loaded model in its place."""
   specs = [("loopspec", {"d1": d1, "d2": d2}) for d1, d2 in loopspec_grid(cfg, r)]
   if cfg.get("chain_d1"):
     specs += [("chain", {"d1": int(cfg.chain_d1), "gamma": g}) for g in _ints(cfg.chain_gammas)]
+  if cfg.get("draft_model"):
+    specs += [("draft", {"draft_model": str(cfg.draft_model), "gamma": g}) for g in _gammas(cfg.draft_gammas)]
+  if cfg.get("lookup_ngram"):
+    specs += [("lookup", {"ngram": int(cfg.lookup_ngram), "gamma": g}) for g in _gammas(cfg.lookup_gammas)]
   return specs
 
 
+_DRAFTERS: Dict[str, object] = {}
+
+
+def load_drafter(spec: str, model=None):
+  """The draft model of `spec` (a bundled name or checkpoint directory), loaded once per process; `model`
+  registers an already built one under that name (tests, a caller that loaded it)."""
+  if model is not None:
+    _DRAFTERS[spec] = model
+  if spec not in _DRAFTERS:
+    _DRAFTERS[spec] = common.resolve_model(spec)
+  return _DRAFTERS[spec]
+
+
 def decode_all(model, prompts, name, kw, sampling, max_new_tokens, seed, eos_id, lane_capacity):
-  """One pass over the prompts, one request at a time (request id = prompt index); stats and tokens."""
+  """One pass over the prompts, one request at a time (request id = prompt index); stats and tokens.
+
+  A draft row's `draft_model` (a name) is replaced by the model `load_drafter` loaded once."""
   stats, outputs = [], []
   extra = {"lane_capacity": lane_capacity} if name == "loopspec" and lane_capacity else {}
+  if name == "draft":
+    kw = dict(kw, draft_model=load_drafter(kw["draft_model"]))
   for i, p in enumerate(prompts):
     res = loopspec_jax.generate(
         model,
@@ -136,12 +176,43 @@ def measure(
     st, _ = decode_all(*args, name, kw, *rest)
     times.append(sum(s["decode_seconds"] for s in st))
     stats = st
-  return common.aggregate(stats, model.config.recurrence), times, outputs, ar_times, stats
+  return aggregate(stats, model.config.recurrence), times, outputs, ar_times, stats
+
+
+def aggregate(stats: List[dict], r: int) -> dict:
+  """`common.aggregate`, plus for draft / lookup the round counts of `decoding/draft.py` `summarize` recomputed
+  from the per-prompt sums: tokens per verify pass (also their mean_accepted_length, the library's value),
+  acceptance_rate = accepted / offered drafts, alpha = accepted / examined drafts, mean_gamma = drafts offered
+  per pass, and draft_cost_share = drafter layer calls / all layer calls (each prompt's drafter calls recovered
+  from its share and its verify passes, whose layer calls are the same per pass for every prompt)."""
+  out = common.aggregate(stats, r)
+  if not stats or stats[0]["method"] not in SPECULATIVE:
+    return out
+  tot = lambda k: sum(s.get(k, 0) for s in stats)
+  n, rounds, accepted, drafted = out["tokens"], tot("rounds"), out["commits"]["first"], tot("drafted")
+  examined = sum(sum((s.get("per_request") or {}).get("examined", [])) for s in stats)
+  share = [(s.get("draft_cost_share", 0.0), s.get("ticks", 0)) for s in stats]
+  d_calls = sum(t * a / max(1.0 - a, 1e-12) for a, t in share)  # in units of one verify pass's layer calls
+  tpr = n / max(rounds, 1)
+  out.update(
+      rounds=rounds,
+      accepted=accepted,
+      drafted=drafted,
+      examined=examined,
+      tokens_per_round=tpr,
+      mean_accepted_length=tpr,
+      acceptance_rate=accepted / max(drafted, 1),
+      alpha=accepted / max(examined, 1) if examined else None,
+      mean_gamma=drafted / max(rounds, 1),
+      draft_cost_share=d_calls / max(d_calls + sum(t for _, t in share), 1e-12),
+  )
+  return out
 
 
 def per_prompt_counts(name: str, stats: List[dict]) -> List[List[int]]:
   """Per-prompt counts that determine gamma: LoopSpec [N, first, second, restart, reject_first]; chain
-  [N, rounds, accepted drafts]; AR [N]. Kept in the rows so standard errors can be taken across prompts."""
+  [N, rounds, accepted drafts]; draft / lookup [N, rounds, accepted, offered, examined drafts]; AR [N]. Kept in
+  the rows so standard errors can be taken across prompts."""
   out = []
   for s in stats:
     n, c = s["tokens_generated"], s["commits"]
@@ -149,6 +220,9 @@ def per_prompt_counts(name: str, stats: List[dict]) -> List[List[int]]:
       out.append([n, c["first"], c["second"], c["restart"], s.get("reject_first", c["second"] + c["restart"])])
     elif name == "chain":
       out.append([n, s.get("rounds", 0), c["first"]])
+    elif name in SPECULATIVE:
+      examined = sum((s.get("per_request") or {}).get("examined", []))
+      out.append([n, s.get("rounds", 0), c["first"], s.get("drafted", 0), examined])
     else:
       out.append([n])
   return out
@@ -165,8 +239,9 @@ def jackknife_se(values: List[float]) -> float:
 
 
 def gamma_standard_error(name: str, r: int, kw: dict, counts: List[List[int]]) -> Optional[float]:
-  """Jackknife standard error of gamma over prompts (each prompt's commits left out in turn)."""
-  if len(counts) < 2 or name not in ("loopspec", "chain"):
+  """Jackknife standard error of gamma over prompts (each prompt's commits left out in turn); draft / lookup:
+  of tokens per verify pass."""
+  if len(counts) < 2 or name not in ("loopspec", "chain") + SPECULATIVE:
     return None
   tot = [sum(col) for col in zip(*counts)]
   loo = []
@@ -176,6 +251,10 @@ def gamma_standard_error(name: str, r: int, kw: dict, counts: List[List[int]]) -
       return None
     if name == "loopspec":
       loo.append(theory.gamma_from_counts(r, kw["d1"], kw.get("d2"), t[0], t[2] + t[3], t[3]))
+    elif name in SPECULATIVE:  # tokens per verify pass
+      if t[1] <= 0:
+        return None
+      loo.append(t[0] / t[1])
     else:
       loo.append(theory.chain_accepted_length(r, kw["d1"], kw["gamma"], t[0], t[1]))
   return jackknife_se(loo)
@@ -210,7 +289,7 @@ def make_row(
           "R": r,
           "d1": kw.get("d1"),
           "d2": kw.get("d2") if name == "loopspec" else None,
-          "draft_len": kw.get("gamma") if name == "chain" else None,
+          "draft_len": kw.get("gamma") if name in ("chain",) + SPECULATIVE else None,
           "tokens": n,
           "decode_seconds_median": statistics.median(times),
           "decode_seconds_all": times,
@@ -259,6 +338,12 @@ def make_row(
     row["tokens_per_round"] = agg["tokens_per_round"]
     row["acceptance_rate"] = agg["acceptance_rate"]  # accepted drafts / drafted
     row["implied_iid_acceptance"] = DA.implied_chain_acceptance(g, agg["tokens_per_round"])
+  if name in SPECULATIVE:
+    for k in ("rounds", "tokens_per_round", "acceptance_rate", "alpha", "drafted", "examined", "mean_gamma"):
+      row[k] = agg[k]
+    row["draft_cost_share"] = agg["draft_cost_share"]
+    row["draft_model"] = kw.get("draft_model")  # the config's name (None for lookup)
+    row["ngram"] = kw.get("ngram")
   return row
 
 
@@ -379,9 +464,13 @@ def load_prediction(cfg, task: str, samp: str, r: int) -> Optional[dict]:
   return out
 
 
-def run_sweep(cfg, model=None) -> dict:
-  """Runs (or resumes) the sweep; returns {'rows': all rows of this run's keys, 'table': markdown}."""
+def run_sweep(cfg, model=None, draft_model=None) -> dict:
+  """Runs (or resumes) the sweep; returns {'rows': all rows of this run's keys, 'table': markdown}.
+
+  `draft_model`: an already built drafter for the config's `draft_model` name (else it is loaded once)."""
   model = model or common.load_model(cfg)
+  if cfg.get("draft_model") and draft_model is not None:
+    load_drafter(str(cfg.draft_model), draft_model)
   r = model.config.recurrence
   ident = common.model_identity(cfg)
   label = cfg.get("model_label") or cfg.model
@@ -913,8 +1002,54 @@ def comparison_rows(rows: List[dict], pred: Optional[dict]) -> List[Tuple[str, O
   return out
 
 
+_METHOD_ORDER = ("ar", "chain", "draft", "lookup", "loopspec")
+
+
+def _method_cell(x: dict) -> str:
+  if x["method"] == "loopspec":
+    return f"LoopSpec {pair_str(x['d1'], x['d2'])}"
+  if x["method"] == "chain":
+    return f"chain d1={x['d1']}, gamma={x['draft_len']}"
+  if x["method"] == "draft":
+    return f"draft {x.get('draft_model')}, gamma={x['draft_len']}"
+  if x["method"] == "lookup":
+    return f"lookup ngram={x.get('ngram')}, gamma={x['draft_len']}"
+  return x.get("label", x["method"])
+
+
+def baselines_markdown(grp: List[dict]) -> List[str]:
+  """Every method of one (task, sampling) group side by side: the speculative baselines' per-pass numbers
+  (tokens per verify pass, acceptance, drafts per pass, draft cost share) next to gamma and the wall clock."""
+  rows = sorted(
+      grp, key=lambda x: _METHOD_ORDER.index(x["method"]) if x["method"] in _METHOD_ORDER else len(_METHOD_ORDER)
+  )
+  out = [
+      "",
+      "All methods (tokens / verify pass: AR 1, chain / draft / lookup per full-depth verify pass; acceptance: "
+      "accepted / offered drafts; alpha: accepted / examined drafts; gamma: LoopSpec and chain on LoopSpec's "
+      "scale, R x tokens / sequential recurrent steps, draft and lookup tokens per verify pass)",
+      "",
+      "| method | tokens / verify pass | acceptance | alpha | drafts / pass | draft cost share | gamma ± se | "
+      "ratio vs AR | ratio (min/min) | ratio vs AR ref. | identical |",
+      "|" + "---|" * 11,
+  ]
+  for x in rows:
+    m = x["method"]
+    tpr = 1.0 if m == "ar" else x.get("tokens_per_round")
+    drafts = x.get("mean_gamma") if m in SPECULATIVE else (x["draft_len"] if m == "chain" else None)
+    share = x.get("draft_cost_share") if m in SPECULATIVE else None
+    out.append(
+        f"| {_method_cell(x)} | {_f(tpr)} | {_f(x.get('acceptance_rate'), '.3f')} | {_f(x.get('alpha'), '.3f')} | "
+        f"{_f(drafts)} | {_f(share, '.3f')} | {_gamma(x)} | {x['wall_clock_ratio']:.2f}x | "
+        f"{_x(x.get('wall_clock_ratio_min'))} | {_x(x.get('wall_clock_ratio_reference', x['wall_clock_ratio']))} | "
+        f"{_yes(x.get('identical_to_ar'))} |"
+    )
+  return out
+
+
 def summary_markdown(rows: List[dict], preds: dict) -> str:
-  """Markdown tables per (task, sampling): LoopSpec grid, chain, and measured vs predicted best."""
+  """Markdown tables per (task, sampling): every method side by side (when the group has draft / lookup rows),
+  the LoopSpec grid, chain, and measured vs predicted best."""
   out = []
   groups = []
   for x in rows:
@@ -942,6 +1077,8 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
           + (f"; best swept {pair_str(*pred['best_swept'])}" if pred["best_swept"] else "")
           + "."
       )
+    if any(x["method"] in SPECULATIVE for x in grp):  # only then: the tables of other sweeps stay as they were
+      out += baselines_markdown(grp)
     ls = [x for x in grp if x["method"] == "loopspec"]
     if ls:
       out += [
@@ -1027,6 +1164,7 @@ def main(argv):
     rows = [
         {"method": n, "d1": kw["d1"], "d2": kw.get("d2"), "draft_len": kw.get("gamma")}
         for n, kw in method_specs(cfg, r)
+        if n not in SPECULATIVE  # no projected loop: their cost depends on the drafter, not on (d1, d2)
     ]
     project_costs(cfg, rows)
     return

@@ -7,6 +7,8 @@
   loopspec-sweep --config=sweeps/bundled.py:tiny_raven_replay       # greedy gamma of EVERY feasible pair, all tasks
   loopspec-sweep --config=sweeps/bundled.py:tiny_ouro               # R = 4: the whole grid, greedy and sampled
   loopspec-sweep --config=sweeps/bundled.py:tiny_ouro_replay
+  loopspec-sweep --config=sweeps/bundled.py:tiny_raven_baselines    # AR, chain, draft model, lookup, LoopSpec (2, 8)
+  loopspec-sweep --config=sweeps/bundled.py:tiny_ouro_baselines     # the same at (1, 2); greedy and sampled both
   loopspec-sweep --config=sweeps/bundled.py:tiny_raven --config.mode=project   # H200 ratios at Huginn-0125
   loopspec-sweep --config=sweeps/bundled.py --config.mode=headline   # results/bundled/headline.md
   loopspec-sweep --config=sweeps/bundled.py:ci                      # test-sized: one task, two configurations
@@ -24,6 +26,22 @@ per configuration; the engine rows are checked against it (`replay_matches`).
 from loopspec_jax.configs.sweeps import default
 
 TASKS = "gsm8k,math500,mbpp,humaneval,shakespeare"
+
+
+def baselines(c, model: str, pair: str):
+  """The `*_baselines` presets: GSM8K greedy and sampled (T = 1, top-p 0.7), AR + chain (the model's chain
+  depth) + the separate drafter tiny-raven-draft (gamma 4 and "auto"; it shares the bundled models' tokenizer)
+  + prompt lookup (ngram 3, gamma 4) + LoopSpec at the paper's pair, all in one run."""
+  c.samplings = "greedy,sample"
+  c.num_prompts = 8  # on the loaded 2-core CPU: tiny-raven ~11 minutes, tiny-ouro ~4
+  c.repeats = 3
+  c.configs = pair
+  c.draft_model = "tiny-raven-draft"
+  c.draft_gammas = "4,auto"
+  c.lookup_ngram = 3
+  c.lookup_gammas = "4"
+  c.out_dir = f"results/bundled/{model}/sweep_baselines"
+  c.replay_jsonl = f"results/bundled/{model}/sweep/replay.jsonl"  # gamma with every spawn granted (greedy)
 
 
 def get_config(arg=None):
@@ -50,7 +68,8 @@ def get_config(arg=None):
   c.headline_out = "results/bundled/headline.md"
   c.headline_wall_clock = "sweep_quiet"  # wall-clock columns from <model>/sweep_quiet/ where present, else sweep/
   c.replay_jsonl = ""  # engine tables compare with this replay ('' = <out_dir>/replay.jsonl)
-  if arg in (None, "", "tiny_raven", "tiny_raven_sample", "tiny_raven_replay", "tiny_raven_lanes"):
+  raven = ("tiny_raven", "tiny_raven_sample", "tiny_raven_replay", "tiny_raven_lanes", "tiny_raven_baselines")
+  if arg in (None, "") + raven:
     c.chain_d1 = 2
     c.depths_json = "results/bundled/tiny-raven/depths/depths_{task}_{sampling}.json"
     c.out_dir = "results/bundled/tiny-raven/sweep"
@@ -72,12 +91,15 @@ def get_config(arg=None):
       c.lane_capacity = 128
       c.out_dir = "results/bundled/tiny-raven/sweep_lanes"
       c.replay_jsonl = "results/bundled/tiny-raven/sweep/replay.jsonl"
+    if arg == "tiny_raven_baselines":
+      baselines(c, "tiny-raven", "2,8")
+      c.chain_gammas = "4,8"  # gamma 4 beside the drafter's
     if arg == "tiny_raven_replay":
       c.mode = "replay"
       c.tasks = TASKS
       c.configs = ""  # the whole feasible grid
       c.chain_gammas = "1,2,3,4,6,8,12,16"
-  elif arg in ("tiny_ouro", "tiny_ouro_replay"):
+  elif arg in ("tiny_ouro", "tiny_ouro_replay", "tiny_ouro_baselines"):
     c.model = "tiny-ouro"
     c.samplings = "greedy,sample"
     c.configs = ""  # R = 4: (1, 2), (1, 3), (1, -), (2, -)
@@ -86,6 +108,8 @@ def get_config(arg=None):
     c.depths_json = "results/bundled/tiny-ouro/depths/depths_{task}_{sampling}.json"
     c.projection_model = "ouro:1p4b"
     c.out_dir = "results/bundled/tiny-ouro/sweep"
+    if arg == "tiny_ouro_baselines":
+      baselines(c, "tiny-ouro", "1,2")
     if arg == "tiny_ouro_replay":
       c.mode = "replay"
       c.tasks = TASKS

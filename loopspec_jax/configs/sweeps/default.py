@@ -36,6 +36,13 @@ def get_config(arg=None):
   c.lane_capacity = config_dict.placeholder(int)  # none: loopspec's default
   c.chain_d1 = ml_collections.FieldReference(2, field_type=int)  # draft depth of the chain rows; none: no chain
   c.chain_gammas = "1,2,3,4,5,6,7,8"
+  # The classic baselines as rows: a separate draft model (a bundled name or checkpoint sharing the target's
+  # tokenizer; '' = no draft rows) at each draft length ('auto' allowed), and prompt lookup (n-gram length; none =
+  # no lookup rows) at each of lookup_gammas.
+  c.draft_model = ""
+  c.draft_gammas = "4,auto"
+  c.lookup_ngram = config_dict.placeholder(int)
+  c.lookup_gammas = "4"
   c.repeats = 3  # timed repeats after a warm-up; medians are reported
   c.depths_json = "results/depths/depths_{task}_{sampling}.json"  # none or a missing file: no prediction
   c.out_dir = "results/sweep"
