@@ -50,3 +50,12 @@ def test_group_rows_is_an_involution_and_advances_one_group_per_tick(n_groups, w
     # (stage t mod G) are at group 0 during tick t + 1.
     np.testing.assert_array_equal(nxt[1:], stages[:-1])
     assert nxt[0] == t % n_groups
+
+
+@pytest.mark.parametrize("q_rows", [1, 2, 4])
+def test_block_scores_equal_the_plain_dot(q_rows):
+  rng = np.random.default_rng(0)
+  qq = jnp.asarray(rng.standard_normal((3, 2, 4, q_rows, 8)), jnp.float32)
+  keys = jnp.asarray(rng.standard_normal((3, 2, 4, 11, 8)), jnp.float32)
+  want = np.einsum("gbkqd,gbktd->gbkqt", np.asarray(qq, np.float64), np.asarray(keys, np.float64))
+  np.testing.assert_allclose(np.asarray(lanes.block_scores(qq, keys)), want, rtol=1e-5, atol=1e-5)
