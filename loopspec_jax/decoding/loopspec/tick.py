@@ -102,11 +102,16 @@ def advance(
   row_group = jnp.arange(n) // w
   for i, (k, v) in enumerate(zip(ks, vs)):
     core = L.write_rows(core, i, row_group, kvcache.ordered(rows, s, n), k, v)
-  # post on the endpoint rows only, each readout reading its own coda cache.
+  # post on the endpoint rows only, each readout reading its own coda cache; the rows of the other lane
+  # columns only while one of their lanes is at an endpoint.
   ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(w)], jnp.int32)
   n_r = len(shape.readouts)
-  post_ctx = lambda l: L.grouped_attend(cache.coda[l], spec.coda[l], prefix_mask, anc[:, ends], cfg)
-  logits, k, v = M.post(params, s[:, ends], pos[:, ends], None, post_ctx, cfg)
+  readout = lambda cols: functools.partial(post_endpoints, params, cache, spec.coda, prefix_mask, cfg, shape, cols)
+  if w > 1:
+    at_end = ln.alive[:, rows[ends]].reshape(b, n_r, w)
+    logits, k, v = jax.lax.cond(jnp.any(at_end[:, :, 1:]), readout(w), readout(1), s, pos, anc)
+  else:
+    logits, k, v = readout(w)(s, pos, anc)
   coda = spec.coda
   readout_of_row = jnp.repeat(jnp.arange(n_r, dtype=jnp.int32), w)
   for l in range(k.shape[0]):
@@ -149,6 +154,27 @@ def core_steps(
     x = s.reshape((b, g, w) + s.shape[2:]).at[:, :, :cols].set(x.reshape((b, g, cols) + x.shape[2:]))
     x = x.reshape(s.shape)
   return x, ks, vs
+
+
+def post_endpoints(
+    params, cache, spec_coda, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, pos, anc
+):
+  """Coda and LM head of the lanes at the readout depths, in the first `cols` columns (rows in group order).
+
+  s [B, N, E], pos [B, N], anc [B, N, N]. Returns (logits [B, nR * W, V] float32, coda k, v [L, B, nR * W, KV,
+  D]) with readout r's rows at r * W .. r * W + W - 1; rows outside the columns get zeros (their lanes are
+  dead: nothing reads their logits or their entries)."""
+  w, n_r = shape.width, len(shape.readouts)
+  ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(cols)], jnp.int32)
+  ctx = lambda l: L.grouped_attend(cache.coda[l], spec_coda[l], prefix_mask, anc[:, ends], cfg)
+  logits, k, v = M.post(params, s[:, ends], pos[:, ends], None, ctx, cfg)
+  if cols == w:
+    return logits, k, v
+  widen = lambda x, axis: jnp.pad(
+      x.reshape(x.shape[:axis] + (n_r, cols) + x.shape[axis + 1 :]),
+      [(0, 0)] * (axis + 1) + [(0, w - cols)] + [(0, 0)] * (x.ndim - axis - 1),
+  ).reshape(x.shape[:axis] + (n_r * w,) + x.shape[axis + 1 :])
+  return widen(logits, 1), widen(k, 2), widen(v, 2)
 
 
 def distributions(logits, sp: common.SamplingParams):
