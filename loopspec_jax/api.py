@@ -140,7 +140,8 @@ def generate(
   `speculate_max_batch=K`: batches of more than K requests decode with 'ar' instead (speculation stops
   paying once a batch is compute-bound; experiments/batch_bench.py measures where).
   `gamma="auto"` (chain, draft, lookup): each request picks its draft length from its own past acceptance
-  (decoding/adaptive.py). `draft_model` must share the target's vocabulary and tokenizer (else ValueError).
+  (decoding/adaptive.py). `draft_model` must share the target's vocabulary and tokenizer (else ValueError);
+  on a mesh its parameters and cache are sharded by the same rules as the target's.
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:

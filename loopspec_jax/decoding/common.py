@@ -286,7 +286,9 @@ class Decoder:
 
   init(cache, tokens, lengths, sp) -> state; loop(params, state, sp) -> state (one jitted while_loop);
   stats(state) -> DecodeStats (timings are filled in by `run_decoder`). Both init and loop may be
-  entries of `sharding.ENTRY_POINTS` taking their static arguments as keywords (`init_kw`, `loop_kw`).
+  entries of `sharding.ENTRY_POINTS` taking their further arguments as keywords (`init_kw`, `loop_kw`): static
+  settings (cfg, shape, greedy, ...) and, for method='draft', the drafter's parameters (traced, an argument
+  kind of the entry point).
   """
 
   name: str

@@ -4,7 +4,7 @@
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
   loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
   loopspec-bench --config=bench/bundled.py:targets  # the README table: 4 demo + 4 GSM8K prompts
-  loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (tiny-raven)
+  loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (both models)
   loopspec-bench --config=bench/bundled.py:baselines_quick  # the same, 2 + 2 prompts, 64 tokens, no auto rows
 
 Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
@@ -55,7 +55,7 @@ def get_config(arg=None):
     }
     c.out_dir = "results/bench_targets"
   if arg == "baselines":  # the classic speculative decoders beside LoopSpec, on the same prompts, in one run
-    c.models = ["tiny-raven"]
+    c.models = ["tiny-raven", "tiny-ouro"]  # tiny-raven-draft shares both models' tokenizer
     c.tasks = ["demo", "gsm8k"]
     c.num_prompts = 4
     c.max_new_tokens = 96
@@ -70,6 +70,15 @@ def get_config(arg=None):
             "draft:draft_model=tiny-raven-draft,gamma=auto",
             "lookup:ngram=3,gamma=4",
             "loopspec:d1=2,d2=8",
+            "loopspec:d1=2",
+        ],
+        "tiny-ouro": [
+            "ar",
+            "chain:d1=1,gamma=4",
+            "draft:draft_model=tiny-raven-draft,gamma=4",
+            "draft:draft_model=tiny-raven-draft,gamma=auto",
+            "lookup:ngram=3,gamma=4",
+            "loopspec:d1=1,d2=2",
         ],
     }
     c.out_dir = "results/bench_baselines"
