@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import types
 
 import chex
 from absl import flags
@@ -120,3 +121,14 @@ class FlagsTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_demo_report_adds_the_single_proposal_line():
+  model = types.SimpleNamespace(recurrence=32)
+  ar = {"tokens_per_second": 300.0, "decode_seconds": 1.0, "ticks": 96, "tokens": 96}
+  ls = {"tokens_per_second": 450.0, "decode_seconds": 0.5, "ticks": 130, "tokens": 96, "mean_accepted_length": 12.9}
+  single = dict(ls, decode_seconds=0.4, mean_accepted_length=10.1, ticks=140)
+  text = demo.report(model, 2, ar, ls, single)
+  assert "wall-clock ratio (decode after prefill): 2.00x" in text
+  assert "single proposal (d1, d2) = (2, -):" in text and "2.50x AR" in text and "140 ticks" in text
+  assert "single proposal" not in demo.report(model, 2, ar, ls)

@@ -4,6 +4,7 @@ loopspec-demo                                   # bundled tiny-raven, LoopSpec a
 loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro
 loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --config.max_new_tokens=32
 loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
+loopspec-demo --config.compare_single_proposal=false   # skip the (d1, -) comparison line
 """
 
 import ml_collections
@@ -18,6 +19,9 @@ def get_config(arg=None):
   # LoopSpec depths; d1 none: the model family's best known (d1, d2). With d1 given, d2 none is single proposal.
   c.d1 = config_dict.placeholder(int)
   c.d2 = config_dict.placeholder(int)
-  c.max_new_tokens = 64
+  c.max_new_tokens = 96
   c.seed = 0
+  c.repeats = 3  # timed calls per prompt after the compiling one; the median counts
+  # With a second proposal (d2), also time LoopSpec at (d1, -): what the second lane column buys on this hardware.
+  c.compare_single_proposal = True
   return c
