@@ -15,6 +15,9 @@ too), and a second call of one configuration does not retrace.
 The 8 devices need XLA_FLAGS before jax initialises its backend, so the runs happen in subprocesses (this file
 run as a script with --worker, one per mesh, run at once as in tests/test_sharding.py) that report JSON; every
 worker runs with the same flags, so one-device and sharded floats come from the same compiler settings.
+
+The file runs with `-m slow` (three 8-device workers take ~90 s of CPU; the default suite stays near its budget);
+lookup runs through chain's sharded entry kinds, which the default suite covers; draft adds the drafter's kind.
 """
 
 import dataclasses
@@ -32,6 +35,8 @@ import pytest
 from loopspec_jax import api
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.parallel import sharding
+
+pytestmark = pytest.mark.slow
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_FLAGS = (
