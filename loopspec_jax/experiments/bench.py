@@ -266,9 +266,7 @@ def main(argv):
         )
         for label, r in res.items():
           rows.append({"model": name, "task": task, "sampling": samp_name, "method": label, **r})
-        # Each compiled loop keeps 1,000-2,700 memory mappings of JIT code on XLA CPU; a long bench ran out of
-        # the kernel's 65,530 (LLVM "Cannot allocate memory", then a crash). The next group recompiles anyway.
-        jax.clear_caches()
+        common.release_compiled()  # a long bench ran out of memory mappings for JIT code
   table = baselines_table(rows) if cfg.get("table") == "baselines" else markdown_table(rows)
   print(table)
   if common.is_main_process():

@@ -554,6 +554,7 @@ def run_sweep(cfg, model=None, draft_model=None) -> dict:
         existing[key] = row
         new_rows += 1
         bar.update(1)
+      common.release_compiled()  # as the bench does between groups (JIT code mappings)
   finally:
     bar.close()
     summaries = {(t, s): load_depth_summary(cfg, t, s, r) for t, s in groups}
