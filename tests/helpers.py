@@ -46,7 +46,11 @@ import dataclasses
 import functools
 import inspect
 import math
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import traceback
 from unittest import mock
 
@@ -462,3 +466,48 @@ def exact_sequence_distribution(model, prompt, n_tokens: int, temperature: float
   rec(list(prompt), 1.0)
   assert abs(out.sum() - 1.0) < 1e-4
   return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Test files that run their work in subprocesses (e.g. 8 simulated CPU devices: XLA_FLAGS before jax starts)
+# ---------------------------------------------------------------------------------------------------
+def run_workers(test_file: str, names, xla_flags: str, timeout_s: float) -> dict:
+  """Runs `python test_file --worker NAME OUT.json` for every name at once, each with `xla_flags` and the CPU
+  platform, and returns {name: the JSON report the worker wrote}; a failed worker fails the test with the tail
+  of its log. The test file's `__main__` is `worker_main(its worker function)`."""
+  env = dict(
+      os.environ,
+      XLA_FLAGS=xla_flags,
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  )
+  tmp = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(test_file))[0] + "-")
+  procs = {}
+  for name in names:
+    out = os.path.join(tmp, f"{name}.json")
+    cmd = [sys.executable, os.path.abspath(test_file), "--worker", str(name), out]
+    procs[name] = (
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        out,
+    )
+  reports = {}
+  for name, (proc, out) in procs.items():
+    log, _ = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
+    with open(out) as f:
+      reports[name] = json.load(f)
+  return reports
+
+
+def worker_main(worker) -> None:
+  """The `__main__` of a test file run by `run_workers`: `--worker NAME OUT.json` calls worker(NAME, OUT)."""
+  if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+    worker(sys.argv[2], sys.argv[3])
+  else:
+    print(f"usage: {os.path.basename(sys.argv[0])} --worker NAME OUT.json", file=sys.stderr)
+    sys.exit(2)
+
+
+def sharding_spec(sharding) -> list:
+  """A NamedSharding's PartitionSpec as JSON-able lists (None, an axis name, or a list of axis names)."""
+  return [None if e is None else (e if isinstance(e, str) else list(e)) for e in sharding.spec]

@@ -22,23 +22,19 @@ lookup runs through chain's sharded entry kinds, which the default suite covers;
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 import pytest
 
+import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.parallel import sharding
 
 pytestmark = pytest.mark.slow
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_FLAGS = (
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
     "--xla_llvm_disable_expensive_passes=true"
@@ -59,12 +55,7 @@ DRAFT_LOOP = "loopspec_jax.decoding.draft.decode_loop"
 # ---------------------------------------------------------------------------------------------------
 # Worker (a subprocess with 8 CPU devices)
 # ---------------------------------------------------------------------------------------------------
-def _spec(sh):
-  return [None if e is None else (e if isinstance(e, str) else list(e)) for e in sh.spec]
-
-
 def _worker(name: str, out_path: str):
-  import helpers  # tests/ is this script's directory
   from loopspec_jax.decoding import adaptive
 
   assert jax.device_count() == 8, jax.devices()
@@ -93,11 +84,11 @@ def _worker(name: str, out_path: str):
   run("draft", PROMPTS, method="draft", draft_model=odd, gamma=2)
   if shape is not None:
     st, args = sharding.LAST_SHARDINGS[DRAFT_LOOP], sharding.LAST_IN_SHARDINGS[DRAFT_LOOP]
-    report["dcache"] = _spec(st.dcache.core[0][0])  # [G, B, KV, T, D]
-    report["cache"] = _spec(st.cache.core[0][0])
+    report["dcache"] = helpers.sharding_spec(st.dcache.core[0][0])  # [G, B, KV, T, D]
+    report["cache"] = helpers.sharding_spec(st.cache.core[0][0])
     dparams = args[3]  # (params, state, sp, dparams) as placed for the program
-    report["dparams"] = {k: _spec(dparams["core"][k]) for k in ("wq", "wk", "wo", "w_gate")}
-    report["dparams"]["embed"] = _spec(dparams["embed"])
+    report["dparams"] = {k: helpers.sharding_spec(dparams["core"][k]) for k in ("wq", "wk", "wo", "w_gate")}
+    report["dparams"]["embed"] = helpers.sharding_spec(dparams["embed"])
   run("lookup", REPEATS, method="lookup", gamma=2)
   run("draft_sampled", PROMPTS, method="draft", draft_model=odd, gamma=2, **SAMPLING)
   run("lookup_sampled", REPEATS, method="lookup", gamma=2, **SAMPLING)
@@ -124,29 +115,10 @@ def _worker(name: str, out_path: str):
 @pytest.fixture(scope="module")
 def reports():
   """Runs the workers at once; returns {mesh shape or None: report}."""
-  env = dict(
-      os.environ,
-      XLA_FLAGS=XLA_FLAGS,
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-  )
-  tmp = tempfile.mkdtemp(prefix="baselines-mesh-")
-  procs = {}
-  for name in WORKERS:
-    out = os.path.join(tmp, f"{name}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, out]
-    procs[name] = (
-        subprocess.Popen(cmd, cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-        out,
-    )
-  result = {}
-  for name, (p, out) in procs.items():
-    log, _ = p.communicate(timeout=WORKER_TIMEOUT_S)
-    assert p.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
-    with open(out) as f:
-      result[WORKERS[name]] = json.load(f)
-    print(name, "cpu_s:", result[WORKERS[name]]["cpu_s"], "timings:", result[WORKERS[name]]["timings"])
-  return result
+  by_name = helpers.run_workers(__file__, WORKERS, XLA_FLAGS, WORKER_TIMEOUT_S)
+  for name, rep in by_name.items():
+    print(name, "cpu_s:", rep["cpu_s"], "timings:", rep["timings"])
+  return {WORKERS[name]: rep for name, rep in by_name.items()}
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=str)
@@ -201,8 +173,4 @@ def test_no_retrace_for_the_same_configuration(reports):
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-    _worker(sys.argv[2], sys.argv[3])
-  else:
-    print("usage: test_baselines_mesh.py --worker NAME OUT.json", file=sys.stderr)
-    sys.exit(2)
+  helpers.worker_main(_worker)

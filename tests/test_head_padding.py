@@ -14,23 +14,19 @@ holds the cache and the attention weights as per-device one-head buffers and gat
 """
 
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.models import looped
 from loopspec_jax.parallel import sharding
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_FLAGS = (
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
     "--xla_llvm_disable_expensive_passes=true"
@@ -117,7 +113,8 @@ def test_padding_is_exact_for_every_family(spec):
 # ---------------------------------------------------------------------------------------------------
 # 8 simulated devices (a subprocess)
 # ---------------------------------------------------------------------------------------------------
-def _worker(out_path: str):
+def _worker(name: str, out_path: str):
+  del name  # one worker
   from loopspec_jax.decoding import autoregressive, common
 
   assert jax.device_count() == 8, jax.devices()
@@ -169,24 +166,7 @@ def _worker(out_path: str):
 
 @pytest.fixture(scope="module")
 def report():
-  env = dict(
-      os.environ,
-      XLA_FLAGS=XLA_FLAGS,
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-  )
-  out = os.path.join(tempfile.mkdtemp(prefix="head-padding-"), "report.json")
-  p = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), "--worker", out],
-      cwd=_ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=WORKER_TIMEOUT_S,
-  )
-  assert p.returncode == 0, f"worker failed:\n{(p.stdout + p.stderr)[-6000:]}"
-  with open(out) as f:
-    return json.load(f)
+  return helpers.run_workers(__file__, ["main"], XLA_FLAGS, WORKER_TIMEOUT_S)["main"]
 
 
 def test_sharded_greedy_tokens_identical(report):
@@ -220,8 +200,4 @@ def test_compiled_hlo_holds_one_head_per_device(report):
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-    _worker(sys.argv[2])
-  else:
-    print("usage: test_head_padding.py --worker OUT.json", file=sys.stderr)
-    sys.exit(2)
+  helpers.worker_main(_worker)

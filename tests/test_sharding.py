@@ -8,10 +8,6 @@ functions and the reading of declared axes are checked in-process.
 """
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import jax
@@ -20,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
 from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
 from loopspec_jax.configs.models import model_config
@@ -29,8 +26,6 @@ from loopspec_jax.decoding.loopspec import state as loopspec
 from loopspec_jax.experiments import plan_memory
 from loopspec_jax.models import looped
 from loopspec_jax.parallel import sharding
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MESHES = [None, (8, 1), (2, 4), (1, 8)]  # pure data, mixed, pure model parallel
 FAMILIES = {
@@ -117,7 +112,7 @@ def _family_part(family: str, part: str, report: dict):
   report["rerun_traces"] = sum(sharding.TRACES.values()) - traces0
   report["state_specs"] = {
       name: {
-          jax.tree_util.keystr(p): _spec_of_sharding(s)
+          jax.tree_util.keystr(p): helpers.sharding_spec(s)
           for p, s in jax.tree_util.tree_flatten_with_path(
               tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
           )[0]
@@ -171,12 +166,8 @@ def _family_part(family: str, part: str, report: dict):
   report["plan_row"] = {k: row[k] for k in real} | {"total": row["total"], "padded_batch": row["padded_batch"]}
 
 
-def _spec_of_sharding(s):
-  return [None if e is None else (e if isinstance(e, str) else list(e)) for e in s.spec]
-
-
 def _spec(x):
-  return _spec_of_sharding(x.sharding)
+  return helpers.sharding_spec(x.sharding)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,39 +176,15 @@ def _spec(x):
 @pytest.fixture(scope="module")
 def reports():
   """Runs the workers concurrently; returns {family: merged report}."""
-  env = dict(
-      os.environ,
-      XLA_FLAGS=XLA_FLAGS,
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-  )
-  tmp = tempfile.mkdtemp(prefix="sharding-test-")
-  procs = {}
-  for name in WORKERS:
-    out = os.path.join(tmp, f"{name}.json")
-    procs[name] = (
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", name, out],
-            cwd=_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        ),
-        out,
-    )
   result = {}
-  for name, (p, out) in procs.items():
-    log, _ = p.communicate(timeout=WORKER_TIMEOUT_S)
-    assert p.returncode == 0, f"worker {name} failed:\n{log[-6000:]}"
-    with open(out) as f:
-      for fam, rep in json.load(f).items():
-        merged = result.setdefault(fam, {"timings": {}, "cpu_s": {}})
-        for k, val in rep.items():
-          if isinstance(val, dict) and k in ("timings", "cpu_s"):
-            merged[k].update(val)
-          else:
-            merged[k] = val
+  for rep_by_family in helpers.run_workers(__file__, WORKERS, XLA_FLAGS, WORKER_TIMEOUT_S).values():
+    for fam, rep in rep_by_family.items():
+      merged = result.setdefault(fam, {"timings": {}, "cpu_s": {}})
+      for k, val in rep.items():
+        if isinstance(val, dict) and k in ("timings", "cpu_s"):
+          merged[k].update(val)
+        else:
+          merged[k] = val
   return result
 
 
@@ -453,8 +420,4 @@ def test_mesh_configs_build_rules():
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-    _worker(sys.argv[2], sys.argv[3])
-  else:
-    print("usage: test_sharding.py --worker FAMILY OUT.json", file=sys.stderr)
-    sys.exit(2)
+  helpers.worker_main(_worker)
