@@ -191,25 +191,14 @@ def decode_loop(
       else:
         n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
     # Commit n_acc drafts and the next token, within the budget and up to the first eos.
-    cand = jnp.concatenate([drafts_arr, jnp.zeros((b, 1), jnp.int32)], axis=1)
-    cand = cand.at[bi, n_acc].set(nxt)
     live = ~st.done
     num, den = adaptive.update(st.acc_num, st.acc_den, n_acc, n_max, live) if auto else (st.acc_num, st.acc_den)
-    tokens, length, n_new, done, n_commit = common.commit_tokens(
-        st.tokens, st.length, st.n_new, st.done, cand, n_acc + 1, sp
-    )
-    return ChainState(
+    return st.replace(
         cache=cache,
-        tokens=tokens,
-        length=length,
-        n_new=n_new,
-        done=done,
-        rounds=st.rounds + live,
-        accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+        **common.commit_round(st, drafts_arr, n_acc, nxt, sp),
         drafted=st.drafted + jnp.where(live, n_max if auto else gamma, 0),
         acc_num=num,
         acc_den=den,
-        iterations=st.iterations + 1,
     )
 
   return common.loop_until_done(round_, state, sp)

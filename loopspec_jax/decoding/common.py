@@ -163,6 +163,27 @@ def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):
   return tokens, length + n, n_new, done, n
 
 
+def commit_round(st, drafts, n_acc, nxt, sp: SamplingParams) -> dict:
+  """The commit of one draft-then-verify round (chain, draft model, prompt lookup): the n_acc [B] accepted of
+  drafts [B, G], then the verifier's next token nxt [B], within the budget and up to the first eos.
+
+  `st` has tokens, length, n_new, done, rounds, accepted and iterations. Returns those fields updated (the
+  state's `replace` keywords); a finished request changes nothing but the loop's iteration count."""
+  b = drafts.shape[0]
+  cand = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1).at[jnp.arange(b), n_acc].set(nxt)
+  live = ~st.done
+  tokens, length, n_new, done, n_commit = commit_tokens(st.tokens, st.length, st.n_new, st.done, cand, n_acc + 1, sp)
+  return dict(
+      tokens=tokens,
+      length=length,
+      n_new=n_new,
+      done=done,
+      rounds=st.rounds + live,
+      accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+      iterations=st.iterations + 1,
+  )
+
+
 # ---------------------------------------------------------------------------------------------------
 # Validation shared by every decoder (runs before anything compiles)
 # ---------------------------------------------------------------------------------------------------

@@ -136,25 +136,15 @@ def verify_round(
         sp.request_ids, p0 + 1
     )
     n_acc, nxt = jax.vmap(verify.verify_chain_upto)(vkeys, distributions(logits, sp), drafts, q, n_max)
-  cand = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1).at[bi, n_acc].set(nxt)
   live = ~st.done
-  tokens, length, n_new, done, n_commit = common.commit_tokens(
-      st.tokens, st.length, st.n_new, st.done, cand, n_acc + 1, sp
-  )
   num, den = adaptive.update(st.acc_num, st.acc_den, n_acc, n_max, live)
   return st.replace(
       cache=cache,
-      tokens=tokens,
-      length=length,
-      n_new=n_new,
-      done=done,
-      rounds=st.rounds + live,
-      accepted=st.accepted + jnp.where(live, jnp.minimum(n_acc, n_commit), 0),
+      **common.commit_round(st, drafts, n_acc, nxt, sp),
       drafted=st.drafted + jnp.where(live, n_max, 0),
       examined=st.examined + jnp.where(live, n_acc + (n_acc < n_max), 0),
       acc_num=num,
       acc_den=den,
-      iterations=st.iterations + 1,
   )
 
 
