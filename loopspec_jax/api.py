@@ -33,7 +33,7 @@ METHODS = ("ar", "chain", "loopspec", "draft", "lookup")
 _METHOD_ARGS = {
     "ar": (),
     "chain": ("d1", "gamma"),
-    "loopspec": ("d1", "d2", "lane_capacity"),
+    "loopspec": ("d1", "d2", "lane_capacity", "gate_mass"),
     "draft": ("draft_model", "gamma"),
     "lookup": ("ngram", "gamma"),
 }
@@ -124,6 +124,7 @@ def generate(
     d2: Optional[int] = None,
     gamma=None,
     lane_capacity: Optional[int] = None,
+    gate_mass: Optional[float] = None,
     request_ids=None,
     mesh=None,
     speculate_max_batch: Optional[int] = None,
@@ -142,6 +143,8 @@ def generate(
   `gamma="auto"` (chain, draft, lookup): each request picks its draft length from its own past acceptance
   (decoding/adaptive.py). `draft_model` must share the target's vocabulary and tokenizer (else ValueError);
   on a mesh its parameters and cache are sharded by the same rules as the target's.
+  `gate_mass` (loopspec with d2, sampled): the second proposal's gate also needs this much residual mass
+  sum(max(0, p_d2 - q1)); None or 0 is the paper's gate. Any value keeps decoding lossless.
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:
@@ -158,6 +161,7 @@ def generate(
       "d2": d2,
       "gamma": gamma,
       "lane_capacity": lane_capacity,
+      "gate_mass": gate_mass,
       "draft_model": draft_model,
       "ngram": ngram,
   }

@@ -34,7 +34,7 @@ def make_case(seed, v, kind):
 # ---- exact output distributions, composed from the public building blocks ----
 
 _accept_all = jax.jit(jax.vmap(verify.acceptance_prob, in_axes=(None, None, 0)))
-_second_all = jax.jit(jax.vmap(verify.second_proposal, in_axes=(None, None, 0, None)))
+_second_all = jax.jit(jax.vmap(verify.second_proposal, in_axes=(None, None, 0, None, None)))
 _accept_rows = jax.jit(jax.vmap(_accept_all, in_axes=(None, 0, None)))  # [proposal row, token]
 _residual = jax.jit(verify.residual)
 _residual_rows = jax.jit(jax.vmap(verify.residual, in_axes=(None, 0, None)))  # fallback shared
@@ -43,17 +43,18 @@ _second1 = jax.jit(verify.second_proposal)
 _chain1 = jax.jit(verify.verify_chain)
 
 
-def exact_cascade(p, q1, p_d2, q2_override=None):
+def exact_cascade(p, q1, p_d2, q2_override=None, min_mass=0.0):
   """Enumerate x1 ~ q1, the (deterministic) gate/q2, x2 ~ q2 and both acceptances.
 
   Returns (P(y) [V], P(stage) [3], P(gate open)) in float64. q2_override: force the gate open with this q2.
+  min_mass: the gate's least residual mass (`verify.second_proposal`).
   """
   v = p.shape[0]
   xs = jnp.arange(v)
   q1n = np.asarray(q1, np.float64)
   a1 = np.asarray(_accept_all(p, q1, xs), np.float64)
   f = _residual(p, q1)
-  gates, _, q2s = _second_all(KEY0, q1, xs, p_d2)
+  gates, _, q2s = _second_all(KEY0, q1, xs, p_d2, min_mass)
   gates = np.asarray(gates)
   if q2_override is not None:
     gates = np.ones(v, bool)
@@ -119,10 +120,30 @@ def test_cascade_exact_with_any_second_proposal(seed):
   assert stage[2] > 0
 
 
+@pytest.mark.parametrize("seed,kind", [(0, "dense"), (2, "dense"), (1, "close"), (3, "partly_sparse")])
+def test_gate_mass_keeps_the_cascade_exact(seed, kind):
+  """A stricter gate (least residual mass) opens for a subset of the draws the paper's gate opens for, only
+  where the residual holds that mass, and the output is still exactly p."""
+  p, q1, p_d2 = make_case(seed, 8, kind)
+  xs = jnp.arange(8)
+  base, _, _ = _second_all(KEY0, q1, xs, p_d2, 0.0)
+  r = np.maximum(0.0, np.asarray(p_d2, np.float64)[None, :] - np.asarray(q1, np.float64)[None, :]).repeat(8, 0)
+  r[np.arange(8), np.arange(8)] = 0.0
+  mass = r.sum(1)  # residual mass for each x1
+  for min_mass in (0.05, 0.2, 0.5, 1.0):
+    gates, x2, _ = _second_all(KEY0, q1, xs, p_d2, min_mass)
+    gates, clear = np.asarray(gates), np.abs(mass - min_mass) > 1e-6  # away from float ties at the threshold
+    np.testing.assert_array_equal(gates[clear], (np.asarray(base) & (mass >= min_mass))[clear])
+    np.testing.assert_array_equal(np.asarray(x2)[~gates], -1)
+    out, stage, _ = exact_cascade(p, q1, p_d2, min_mass=min_mass)
+    np.testing.assert_allclose(out, np.asarray(p, np.float64), atol=1e-6)
+    np.testing.assert_allclose(stage.sum(), 1.0, atol=1e-6)
+
+
 def test_gate_both_states_occur():
   """The dense cases exercise the gate both open and closed (depending on x1)."""
   p, q1, p_d2 = make_case(2, 8, "dense")
-  gates, x2, q2 = _second_all(KEY0, q1, jnp.arange(8), p_d2)
+  gates, x2, q2 = _second_all(KEY0, q1, jnp.arange(8), p_d2, 0.0)
   gates = np.asarray(gates)
   assert gates.any() and not gates.all()
   np.testing.assert_array_equal(np.asarray(x2)[~gates], -1)

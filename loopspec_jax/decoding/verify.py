@@ -43,18 +43,21 @@ def residual(p, q, fallback=None):
   return jnp.where(s > 0, r / jnp.where(s > 0, s, 1.0), fallback)
 
 
-def second_proposal(key, q1, x1, p_d2):
+def second_proposal(key, q1, x1, p_d2, min_mass=0.0):
   """The gated residual second proposal at depth d2 -> (gate_open bool, x2 int32, q2 [V]).
 
   r = max(0, p_d2 - q1) with r[x1] = 0; the gate opens iff sum(r) > 0 and p_d2[x1] < q1[x1] (x1 looks likely
-  to be rejected). Open: q2 = r / sum(r), x2 ~ q2. Closed: q2 = 0 and x2 = -1. The gate never looks at the
-  verification uniforms, so it keeps decoding lossless. One-hot inputs: x2 = argmax p_d2, open iff x2 != x1.
+  to be rejected) and sum(r) >= min_mass. Open: q2 = r / sum(r), x2 ~ q2. Closed: q2 = 0 and x2 = -1.
+  min_mass = 0 is the paper's gate; a larger one keeps the second proposal for the draws where depth d2
+  moved real mass away from q1 (a branch lane costs rows on every tick of its life). The gate never looks
+  at the verification uniforms, so it keeps decoding lossless for any min_mass. One-hot inputs: x2 = argmax
+  p_d2, open iff x2 != x1 (the residual then has mass 1, so min_mass <= 1 changes nothing).
   """
   q1 = jnp.asarray(q1, jnp.float32)
   p_d2 = jnp.asarray(p_d2, jnp.float32)
   r = jnp.maximum(0.0, p_d2 - q1).at[x1].set(0.0)
   s = jnp.sum(r)
-  gate = (s > 0) & (p_d2[x1] < q1[x1])
+  gate = (s > 0) & (s >= min_mass) & (p_d2[x1] < q1[x1])
   q2 = jnp.where(gate, r / jnp.where(s > 0, s, 1.0), 0.0)
   x2 = jnp.where(gate, sample_token(key, q2), -1).astype(jnp.int32)
   return gate, x2, q2

@@ -203,15 +203,27 @@ def load_model(cfg):
   return resolve_model(cfg.model, contraction=model_identity(cfg)["contraction"], seed=cfg.seed)
 
 
+def parse_number(text):
+  """'4' -> 4, '0.25' -> 0.25, 'none' -> None (numbers and None pass through)."""
+  try:
+    return parse_optional_int(text)
+  except ValueError:
+    try:
+      return float(text)
+    except ValueError:
+      raise ValueError(f"expected a number or {NONE!r}, got {text!r}") from None
+
+
 def parse_method(spec: str) -> tuple:
-  """'loopspec:d1=2,d2=8' -> ('loopspec', {'d1': 2, 'd2': 8}); 'd2=none' -> None; 'ar' -> ('ar', {})."""
+  """'loopspec:d1=2,d2=8' -> ('loopspec', {'d1': 2, 'd2': 8}); 'd2=none' -> None; 'gate_mass=0.25' -> 0.25;
+  'ar' -> ('ar', {})."""
   name, _, rest = spec.strip().partition(":")
   kw = {}
   for item in filter(None, (x.strip() for x in rest.split(","))):
     k, sep, v = item.partition("=")
     if not sep:
       raise ValueError(f"method argument {item!r} of {spec!r} is not of the form name=value")
-    kw[k.strip()] = parse_optional_int(v)
+    kw[k.strip()] = parse_number(v)
   return name.strip(), kw
 
 

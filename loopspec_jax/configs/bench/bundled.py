@@ -49,9 +49,9 @@ def get_config(arg=None):
     c.tasks = ["demo", "gsm8k"]
     c.num_prompts = 4
     c.max_new_tokens = 96
-    c.methods_by_model = {
-        "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"],
-        "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2"],
+    c.methods_by_model = {  # gate_mass: the sampled gate's least residual mass (greedy rows are unchanged by it)
+        "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8", "loopspec:d1=2,d2=8,gate_mass=0.1"],
+        "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2", "loopspec:d1=1,d2=2,gate_mass=0.1"],
     }
     c.out_dir = "results/bench_targets"
   if arg == "baselines":  # the classic speculative decoders beside LoopSpec, on the same prompts, in one run

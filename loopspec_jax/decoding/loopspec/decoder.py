@@ -34,6 +34,7 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
       extras={
           "d1": d1,
           "d2": d2,
+          "gate_mass": shape.gate_mass,
           "lane_capacity": shape.n_lanes,
           "stage_width": shape.width,
           "request_ticks": ticks,
@@ -52,12 +53,14 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
   )
 
 
-def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity) -> common.Decoder:
-  S.validate(cfg, d1, d2, lane_capacity)
+def make_decoder(
+    cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity, gate_mass=None
+) -> common.Decoder:
+  S.validate(cfg, d1, d2, lane_capacity, gate_mass)
   d1 = int(d1)
   d2 = None if d2 is None else int(d2)
   width = S.stage_width(cfg.recurrence, d1, d2, lane_capacity)
-  shape = S.PipelineShape(cfg.recurrence, d1, d2, width)
+  shape = S.PipelineShape(cfg.recurrence, d1, d2, width, float(gate_mass or 0.0))
   return common.Decoder(
       name="loopspec",
       readout_depths=shape.readouts,

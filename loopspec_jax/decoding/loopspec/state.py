@@ -32,12 +32,17 @@ LANE = ("batch", "lanes")
 
 @dataclasses.dataclass(frozen=True)
 class PipelineShape:
-  """Static shape of the pipeline: R, d1, optional d2, and W lanes per stage."""
+  """Static shape of the pipeline: R, d1, optional d2, W lanes per stage, and the second proposal's gate.
+
+  gate_mass: the least residual mass sum(max(0, p_d2 - q1)) for which the sampled gate opens (0: the
+  paper's gate; `verify.second_proposal`).
+  """
 
   recurrence: int
   d1: int
   d2: Optional[int]
   width: int
+  gate_mass: float = 0.0
 
   @property
   def n_groups(self) -> int:  # G: stages (= depth groups) per request
@@ -119,7 +124,7 @@ class LoopSpecState:
 # ---------------------------------------------------------------------------------------------------
 # Validation, capacity, construction
 # ---------------------------------------------------------------------------------------------------
-def validate(cfg: ModelConfig, d1, d2, capacity):
+def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
   r = cfg.recurrence
   if d1 is None or int(d1) != d1 or d1 < 1:
     raise ValueError(f"LoopSpec needs an integer d1 >= 1, got {d1!r}")
@@ -132,6 +137,11 @@ def validate(cfg: ModelConfig, d1, d2, capacity):
       raise ValueError(f"d2={d2} must satisfy d1 < d2 < R (d1={d1}, R={r})")
     if d2 % d1:
       raise ValueError(f"d1={d1} must divide d2={d2}")
+  if gate_mass is not None:
+    if d2 is None:
+      raise ValueError("gate_mass applies to the second proposal: give d2 as well")
+    if isinstance(gate_mass, bool) or not isinstance(gate_mass, (int, float)) or not 0.0 <= gate_mass <= 1.0:
+      raise ValueError(f"gate_mass must be a number in [0, 1] (a residual mass), got {gate_mass!r}")
   need = r // d1
   if capacity is not None and (int(capacity) != capacity or capacity < need):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")

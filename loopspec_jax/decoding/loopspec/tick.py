@@ -272,7 +272,8 @@ def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, sha
     if ids2 is not None:  # the second proposal reads the d2 lanes' q1 before this tick's q1 rows land
       keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
       q1_d2 = L.read_rows(ln.q1, ids2, shared=True)
-      gate, x2, q2 = jax.vmap(jax.vmap(verify.second_proposal))(keys, q1_d2, ln.x1[:, ids2], dist[:, w : 2 * w])
+      propose = functools.partial(verify.second_proposal, min_mass=shape.gate_mass)
+      gate, x2, q2 = jax.vmap(jax.vmap(propose))(keys, q1_d2, ln.x1[:, ids2], dist[:, w : 2 * w])
       at1 = kvcache.ordered(at1, q1_d2, n)
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, at1].set(q1, mode="drop"))
   if shape.d2 is None:
