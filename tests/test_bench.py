@@ -132,3 +132,26 @@ def test_demo_report_adds_the_single_proposal_line():
   assert "wall-clock ratio (decode after prefill): 2.00x" in text
   assert "single proposal (d1, d2) = (2, -):" in text and "2.50x AR" in text and "140 ticks" in text
   assert "single proposal" not in demo.report(model, 2, ar, ls)
+
+
+def test_demo_interleaves_methods_per_prompt(monkeypatch):
+  """Per prompt: one compiling call per method, then rounds that time each method once in turn."""
+  import loopspec_jax
+
+  calls, real = [], loopspec_jax.generate
+  record = lambda model, prompts, **kw: calls.append((kw["request_ids"][0], kw["method"])) or real(model, prompts, **kw)
+  monkeypatch.setattr(loopspec_jax, "generate", record)
+  model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
+  runs = [("ar", dict(method="ar")), ("ls", dict(method="loopspec", d1=2, d2=4, lane_capacity=8))]
+  out = demo.decode_interleaved(model, [[1, 2, 3], [4, 5]], runs, max_new_tokens=4, seed=0, repeats=2, temperature=0.0)
+  assert calls == [(i, m) for i in (0, 1) for _ in range(3) for m in ("ar", "loopspec")]
+  assert out["ar"][0] == out["ls"][0] and len(out["ar"][0]) == 2
+  assert out["ls"][1]["tokens"] == 8
+
+
+def test_demo_report_names_the_gate_mass():
+  model = types.SimpleNamespace(recurrence=32)
+  ar = {"tokens_per_second": 300.0, "decode_seconds": 1.0, "ticks": 96, "tokens": 96}
+  ls = {"tokens_per_second": 450.0, "decode_seconds": 0.5, "ticks": 130, "tokens": 96, "mean_accepted_length": 12.9}
+  assert "of 16, gate_mass 0.1" in demo.report(model, 2, ar, ls, gate_mass=0.1)
+  assert "gate_mass" not in demo.report(model, 2, ar, ls)

@@ -5,6 +5,7 @@ loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro
 loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --config.max_new_tokens=32
 loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
 loopspec-demo --config.compare_single_proposal=false   # skip the (d1, -) comparison line
+loopspec-demo --config.gate_mass=0               # the paper's gate for the sampled second proposal
 """
 
 import ml_collections
@@ -24,4 +25,8 @@ def get_config(arg=None):
   c.repeats = 3  # timed calls per prompt after the compiling one; the median counts
   # With a second proposal (d2), also time LoopSpec at (d1, -): what the second lane column buys on this hardware.
   c.compare_single_proposal = True
+  # Sampled LoopSpec's gate also asks for this much residual mass sum(max(0, p_d2 - q1)) before it spends a
+  # branch lane on a second proposal (0: the paper's gate, which opens for about half of the d2 lanes here
+  # on float-level differences; lossless either way, see README "The second proposal's gate").
+  c.gate_mass = 0.1
   return c

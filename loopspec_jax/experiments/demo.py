@@ -5,7 +5,8 @@
   loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8
 
 Settings: loopspec_jax/configs/demo.py. Prints the text of each method, decode tokens/s (after prefill,
-compiled), the wall-clock ratio, the mean accepted length, where the time goes (ticks, tokens per tick, ms per
+compiled; methods interleaved per prompt, medians of `repeats` calls), the wall-clock ratio, the mean accepted
+length, where the time goes (ticks, tokens per tick, ms per
 tick beside AR's ms per token), the same for LoopSpec with a single proposal (d1, -) when d2 is set, and whether
 greedy LoopSpec reproduced the autoregressive tokens exactly.
 """
@@ -56,29 +57,38 @@ def prompt_ids(model) -> list:
   return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(PROMPTS))]
 
 
-def decode_prompts(model, prompts, *, max_new_tokens: int, seed: int, repeats: int = 3, **kw) -> tuple:
-  """Each prompt alone (as the paper measures), compiled by an untimed first call, then `repeats` timed calls of
-  which the median-time one counts (a single timing on a shared machine can be off by 2x); (outputs, summed
-  stats)."""
-  outputs, stats = [], []
-  run = lambda i, p: loopspec_jax.generate(model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **kw)
+def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, repeats: int = 3, **sampling) -> dict:
+  """Each prompt alone (as the paper measures) with every method of `runs` [(label, generate kwargs)]: one
+  untimed compiling call per method, then `repeats` rounds that time each method once in turn (a slow spell
+  of the shared machine hits all methods alike); per method and prompt the median-time call counts.
+  Returns {label: (outputs, summed stats)}."""
+  out = {label: ([], []) for label, _ in runs}
+  gen = lambda i, p, kw: loopspec_jax.generate(
+      model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **sampling, **kw
+  )
   for i, p in enumerate(prompts):
-    run(i, p)
-    timed = sorted((run(i, p) for _ in range(max(int(repeats), 1))), key=lambda r: r.stats["decode_seconds"])
-    res = timed[len(timed) // 2]
-    outputs.append(res.tokens[0])
-    stats.append(res.stats)
-  return outputs, common.aggregate(stats, model.config.recurrence)
+    for _, kw in runs:
+      gen(i, p, kw)
+    timed = {label: [] for label, _ in runs}
+    for _ in range(max(int(repeats), 1)):
+      for label, kw in runs:
+        timed[label].append(gen(i, p, kw))
+    for label, calls in timed.items():
+      res = sorted(calls, key=lambda r: r.stats["decode_seconds"])[len(calls) // 2]
+      out[label][0].append(res.tokens[0])
+      out[label][1].append(res.stats)
+  return {label: (toks, common.aggregate(stats, model.config.recurrence)) for label, (toks, stats) in out.items()}
 
 
-def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None) -> str:
+def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:
   """The lines comparing the methods: tokens/s, gamma, where the time goes, wall-clock ratio; with `single`
-  (LoopSpec at (d1, -)), one more line for the single proposal."""
+  (LoopSpec at (d1, -)), one more line for the single proposal; with `gate_mass`, the gate it ran with."""
   ratio = lambda x: ar["decode_seconds"] / max(x["decode_seconds"], 1e-12)
+  gate = f", gate_mass {gate_mass:g}" if gate_mass else ""
   lines = [
       f"autoregressive: {ar['tokens_per_second']:8.1f} tokens/s",
       f"loopspec:       {ls['tokens_per_second']:8.1f} tokens/s   mean accepted length "
-      f"{ls['mean_accepted_length']:.2f} of {model.recurrence // d1}",
+      f"{ls['mean_accepted_length']:.2f} of {model.recurrence // d1}{gate}",
       "time: " + common.time_line("loopspec", ls, ar),
       f"wall-clock ratio (decode after prefill): {ratio(ls):.2f}x",
   ]
@@ -98,29 +108,31 @@ def main(argv):
   d1, d2 = chosen_depths(model, config)
   prompts = prompt_ids(model)
   print(f"model: {model.family}, R={model.recurrence}, LoopSpec (d1, d2) = ({d1}, {d2})", flush=True)
+  gate = config.get("gate_mass")
   for name, sampling in SETTINGS:
     print(f"\n=== {name} ===", flush=True)
-    results = {}
-    runs = [("autoregressive", dict(method="ar")), ("loopspec", dict(method="loopspec", d1=d1, d2=d2))]
+    ls_kw = dict(method="loopspec", d1=d1, d2=d2)
+    if d2 is not None and gate and sampling.get("temperature", 0.0) > 0:
+      ls_kw["gate_mass"] = float(gate)  # greedy's gate is x2 != x1 whatever the mass
+    runs = [("autoregressive", dict(method="ar")), ("loopspec", ls_kw)]
     if d2 is not None and config.get("compare_single_proposal", True):
       runs.append(("loopspec single proposal", dict(method="loopspec", d1=d1, d2=None)))
-    for label, kw in runs:
-      print(f"[{label}] compiling and decoding {len(prompts)} prompts ...", flush=True)
-      results[label] = decode_prompts(
-          model,
-          prompts,
-          max_new_tokens=config.max_new_tokens,
-          seed=config.seed,
-          repeats=config.get("repeats", 3),
-          **sampling,
-          **kw,
-      )
+    print(f"compiling and decoding {len(prompts)} prompts, methods interleaved: {[l for l, _ in runs]} ...", flush=True)
+    results = decode_interleaved(
+        model,
+        prompts,
+        runs,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        repeats=config.get("repeats", 3),
+        **sampling,
+    )
     (ar_out, ar), (ls_out, ls) = results["autoregressive"], results["loopspec"]
     for i, p in enumerate(PROMPTS if model.tokenizer is not None else prompts):
       text = model.decode(ls_out[i]) if model.tokenizer is not None else ls_out[i]
       print(f"\n--- prompt {i}: {p!r}\n{text}")
     single = results.get("loopspec single proposal")
-    print("\n" + report(model, d1, ar, ls, single[1] if single else None))
+    print("\n" + report(model, d1, ar, ls, single[1] if single else None, gate_mass=ls_kw.get("gate_mass")))
     if name == "greedy":
       same = ar_out == ls_out and (single is None or single[0] == ar_out)
       print(f"greedy outputs identical: {same}")
