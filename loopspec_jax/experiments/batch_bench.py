@@ -141,9 +141,7 @@ def main(argv):
   )
   print(text)
   if common.is_main_process():
-    common.atomic_write_text(os.path.join(cfg.out_dir, "batch_bench.md"), text + "\n")
-    common.atomic_write_json(os.path.join(cfg.out_dir, "batch_bench.json"), {"config": cfg.to_dict(), "rows": rows})
-    print(f"wrote {cfg.out_dir}/batch_bench.md and batch_bench.json")
+    common.write_report(cfg.out_dir, "batch_bench", {"config": cfg.to_dict(), "rows": rows}, text)
 
 
 def run():

@@ -219,8 +219,23 @@ def baselines_table(rows: list) -> str:
   return "\n".join(lines)
 
 
+def cpu_model() -> str:
+  """The processor's model name (/proc/cpuinfo; platform.processor() elsewhere): ratios on a CPU depend on it."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
 def machine_description() -> str:
-  return f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} on {jax.devices()[0].platform}"
+  return (
+      f"{platform.node()} {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
+      f"{jax.devices()[0].platform}"
+  )
 
 
 def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
@@ -270,11 +285,8 @@ def main(argv):
   table = baselines_table(rows) if cfg.get("table") == "baselines" else markdown_table(rows)
   print(table)
   if common.is_main_process():
-    os.makedirs(cfg.out_dir, exist_ok=True)
     meta = {"machine": machine_description(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}
-    common.atomic_write_json(os.path.join(cfg.out_dir, "bench.json"), {"meta": meta, "rows": rows})
-    common.atomic_write_text(os.path.join(cfg.out_dir, "bench.md"), f"Machine: {meta['machine']}\n\n{table}\n")
-    print(f"wrote {cfg.out_dir}/bench.json and bench.md")
+    common.write_report(cfg.out_dir, "bench", {"meta": meta, "rows": rows}, f"Machine: {meta['machine']}\n\n{table}")
 
 
 def run():

@@ -323,6 +323,14 @@ def atomic_write_json(path: str, obj):
   atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
 
 
+def write_report(out_dir: str, name: str, payload, markdown: str):
+  """An experiment's results as out_dir/name.json (payload) and out_dir/name.md (markdown), each written
+  atomically, and a line saying where they went."""
+  atomic_write_json(os.path.join(out_dir, f"{name}.json"), payload)
+  atomic_write_text(os.path.join(out_dir, f"{name}.md"), markdown.rstrip("\n") + "\n")
+  print(f"wrote {out_dir}/{name}.json and {name}.md")
+
+
 def _json_default(x):
   if isinstance(x, (np.integer,)):
     return int(x)
