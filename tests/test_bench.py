@@ -10,11 +10,15 @@ from absl import flags
 from absl import logging
 from absl.testing import absltest
 
+import loopspec_jax
+from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import theory
+from loopspec_jax.configs import models as model_configs
 from loopspec_jax.experiments import bench
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import demo
 from loopspec_jax.experiments import generate
+from loopspec_jax.experiments import reference_speed
 from loopspec_jax.experiments import sweep
 
 
@@ -110,6 +114,17 @@ class FlagsTest(absltest.TestCase):
     with self.assertRaises(Exception):
       self._parse(sweep, "--config=sweeps/default.py:nosuchpreset")
 
+  def test_memory_bound_preset_is_the_reference_speed_shape(self):
+    """bench/default.py:memory_bound and the reference-speed comparison decode one model shape (huginn:bench_e512:
+    Huginn-0125's layout at E = 512), whose weights are far larger than a CPU's caches."""
+    _, cfg = self._parse(bench, "--config=bench/default.py:memory_bound")
+    self.assertEqual(list(cfg.models), ["random:huginn:bench_e512"])
+    self.assertEqual(reference_speed.FLAGS["variant"].default, "bench_e512")
+    mc = model_configs.model_config("huginn:bench_e512")
+    self.assertEqual((mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.vocab_size), (512, 64, 1728, 65536))
+    self.assertEqual((mc.n_prelude, mc.n_core, mc.n_coda, mc.recurrence), (2, 4, 2, 32))
+    self.assertGreater(sum(cost.param_bytes(mc).values()), 250e6)  # 63.7M float32 parameters
+
   def test_reparse_and_logs_quiet_unless_asked(self):
     _, cfg = self._parse(generate, "--config.max_new_tokens=3")
     self.assertEqual(cfg.max_new_tokens, 3)
@@ -119,8 +134,22 @@ class FlagsTest(absltest.TestCase):
     self.assertEqual(logging.get_verbosity(), logging.INFO)
 
 
-if __name__ == "__main__":
-  absltest.main()
+def test_reference_speed_table_and_bandwidth_without_torch():
+  """The reference comparison's own parts run without torch: the bandwidth probe and the table."""
+  assert reference_speed.stream_bandwidth(gib=1 / 64, repeats=2) > 1e8
+  res = {
+      "ours": {"tokens_per_second": [8.0, 9.0], "seconds_2n": [1.0, 1.1], "share_of_bound": 0.9},
+      "ref": {
+          "tokens_per_second": [3.0, 3.5],
+          "seconds_2n": [2.0, 2.1],
+          "share_of_bound": 0.35,
+          "ratio_median": 2.6,
+          "agree": {"matching": 32, "total": 32},
+      },
+  }
+  table = reference_speed.markdown_table(res, "ours")
+  assert "| ref | 3.25 | 307.7 | 3.00 / 3.50 | 2.05 | 2.60x | 35% | 32/32 |" in table
+  assert "| ours | 8.50 |" in table
 
 
 def test_demo_report_adds_the_single_proposal_line():
@@ -155,3 +184,15 @@ def test_demo_report_names_the_gate_mass():
   ls = {"tokens_per_second": 450.0, "decode_seconds": 0.5, "ticks": 130, "tokens": 96, "mean_accepted_length": 12.9}
   assert "of 16, gate_mass 0.1" in demo.report(model, 2, ar, ls, gate_mass=0.1)
   assert "gate_mass" not in demo.report(model, 2, ar, ls)
+
+
+def test_demo_explains_a_ratio_below_one_on_a_cpu():
+  model = loopspec_jax.load("tiny-raven")
+  note = demo.cache_note(model, 2, 0.7, "cpu")
+  assert note.startswith("why: a LoopSpec tick does the arithmetic of an AR token (16 lanes x 2 steps)")
+  assert "1.7 MB of core weights" in note and "bench/default.py:memory_bound" in note
+  assert demo.cache_note(model, 2, 1.2, "cpu") is None and demo.cache_note(model, 2, 0.7, "gpu") is None
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import Optional
 
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 import loopspec_jax
+from loopspec_jax.analysis import cost
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
@@ -100,6 +102,19 @@ def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, ga
   return "\n".join(lines)
 
 
+def cache_note(model, d1: int, ratio: float, backend: str) -> Optional[str]:
+  """Why LoopSpec trails AR, when it does on a CPU: a tick does the arithmetic of an AR token (R / d1 lanes x d1
+  steps) and saves weight reads, which a model whose weights stay in the CPU's caches hardly needs saved."""
+  if ratio >= 1.0 or backend != "cpu":
+    return None
+  core_mb = cost.param_bytes(model.config)["core"] / 1e6
+  return (
+      f"why: a LoopSpec tick does the arithmetic of an AR token ({model.recurrence // d1} lanes x {d1} steps) and "
+      f"saves weight reads, but this model's {core_mb:.1f} MB of core weights stay in the CPU's caches; "
+      "`loopspec-bench --config=bench/default.py:memory_bound` decodes a model larger than them (README, Benchmarks)"
+  )
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -133,6 +148,9 @@ def main(argv):
       print(f"\n--- prompt {i}: {p!r}\n{text}")
     single = results.get("loopspec single proposal")
     print("\n" + report(model, d1, ar, ls, single[1] if single else None, gate_mass=ls_kw.get("gate_mass")))
+    note = cache_note(model, d1, ar["decode_seconds"] / max(ls["decode_seconds"], 1e-12), jax.default_backend())
+    if note:
+      print(note)
     if name == "greedy":
       same = ar_out == ls_out and (single is None or single[0] == ar_out)
       print(f"greedy outputs identical: {same}")

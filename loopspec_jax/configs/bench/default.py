@@ -3,6 +3,7 @@
 loopspec-bench                                  # this config (the default)
 loopspec-bench --config=bench/default.py:quick  # CI-sized
 loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Huginn-0125 in bf16 (accelerators)
+loopspec-bench --config=bench/default.py:memory_bound  # Huginn-0125's layout at E = 512: memory-bound on a CPU
 """
 
 import ml_collections
@@ -33,11 +34,19 @@ def get_config(arg=None):
     c.max_new_tokens = 64
     c.methods = ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"]
     c.out_dir = "results/bench_huginn_0125"
+  elif arg == "memory_bound":  # weights (64M float32 parameters) far larger than the caches, as on an accelerator
+    c.models = ["random:huginn:bench_e512"]
+    c.model_label = "huginn-e512 (random, contractive)"
+    c.num_prompts = 2
+    c.max_new_tokens = 96
+    c.repeats = 2
+    c.methods = ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2", "loopspec:d1=2,d2=8"]
+    c.out_dir = "results/bench_memory_bound"
   elif arg == "quick":
     c.num_prompts = 1
     c.max_new_tokens = 16
     c.repeats = 1
     c.out_dir = "results/bench_quick"
   elif arg:
-    raise ValueError(f"unknown preset {arg!r}; known: quick, huginn_0125")
+    raise ValueError(f"unknown preset {arg!r}; known: quick, huginn_0125, memory_bound")
   return c
