@@ -188,10 +188,13 @@ def test_demo_report_names_the_gate_mass():
 
 def test_demo_explains_a_ratio_below_one_on_a_cpu():
   model = loopspec_jax.load("tiny-raven")
-  note = demo.cache_note(model, 2, 0.7, "cpu")
+  mib32 = 32 << 20
+  note = demo.cache_note(model, 2, 0.7, "cpu", mib32)
   assert note.startswith("why: a LoopSpec tick does the arithmetic of an AR token (16 lanes x 2 steps)")
-  assert "1.7 MB of core weights" in note and "bench/default.py:memory_bound" in note
-  assert demo.cache_note(model, 2, 1.2, "cpu") is None and demo.cache_note(model, 2, 0.7, "gpu") is None
+  assert "1.7 MB of core weights fit the CPU's 32 MiB cache" in note and "bench/default.py:memory_bound" in note
+  assert demo.cache_note(model, 2, 1.2, "cpu", mib32) is None and demo.cache_note(model, 2, 0.7, "gpu", mib32) is None
+  assert demo.cache_note(model, 2, 0.7, "cpu", 1 << 20) is None  # weights larger than the cache: another reason
+  assert common.last_level_cache_bytes() >= 1 << 20
 
 
 if __name__ == "__main__":

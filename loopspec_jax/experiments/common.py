@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import glob
 import json
 import logging as py_logging
 import os
@@ -321,6 +322,23 @@ def atomic_write_text(path: str, text: str):
 
 def atomic_write_json(path: str, obj):
   atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
+
+
+def last_level_cache_bytes(default: int = 32 << 20) -> int:
+  """The largest CPU cache of this host (Linux sysfs: cpu0's highest-level unified cache), or `default` where
+  the kernel does not say."""
+  sizes = []
+  for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+    try:
+      with open(path) as f:
+        text = f.read().strip().upper()
+    except OSError:
+      continue
+    unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text.rstrip("KMG")
+    if digits.isdigit():
+      sizes.append(int(digits) * unit)
+  return max(sizes) if sizes else default
 
 
 def write_report(out_dir: str, name: str, payload, markdown: str):

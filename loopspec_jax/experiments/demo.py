@@ -102,16 +102,18 @@ def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, ga
   return "\n".join(lines)
 
 
-def cache_note(model, d1: int, ratio: float, backend: str) -> Optional[str]:
-  """Why LoopSpec trails AR, when it does on a CPU: a tick does the arithmetic of an AR token (R / d1 lanes x d1
-  steps) and saves weight reads, which a model whose weights stay in the CPU's caches hardly needs saved."""
-  if ratio >= 1.0 or backend != "cpu":
+def cache_note(model, d1: int, ratio: float, backend: str, cache_bytes: int) -> Optional[str]:
+  """Why LoopSpec trails AR, when it does on a CPU whose cache (`cache_bytes`) holds the core's weights: a tick
+  does the arithmetic of an AR token (R / d1 lanes x d1 steps) to save weight reads, which such a model hardly
+  needs saved. None otherwise (the reason would be another one)."""
+  core = cost.param_bytes(model.config)["core"]
+  if ratio >= 1.0 or backend != "cpu" or core > cache_bytes:
     return None
-  core_mb = cost.param_bytes(model.config)["core"] / 1e6
   return (
-      f"why: a LoopSpec tick does the arithmetic of an AR token ({model.recurrence // d1} lanes x {d1} steps) and "
-      f"saves weight reads, but this model's {core_mb:.1f} MB of core weights stay in the CPU's caches; "
-      "`loopspec-bench --config=bench/default.py:memory_bound` decodes a model larger than them (README, Benchmarks)"
+      f"why: a LoopSpec tick does the arithmetic of an AR token ({model.recurrence // d1} lanes x {d1} steps) to "
+      f"save weight reads, but this model's {core / 1e6:.1f} MB of core weights fit the CPU's "
+      f"{cache_bytes / 2**20:.0f} MiB cache; `loopspec-bench --config=bench/default.py:memory_bound` decodes a "
+      "model larger than it (README, Benchmarks)"
   )
 
 
@@ -148,7 +150,8 @@ def main(argv):
       print(f"\n--- prompt {i}: {p!r}\n{text}")
     single = results.get("loopspec single proposal")
     print("\n" + report(model, d1, ar, ls, single[1] if single else None, gate_mass=ls_kw.get("gate_mass")))
-    note = cache_note(model, d1, ar["decode_seconds"] / max(ls["decode_seconds"], 1e-12), jax.default_backend())
+    ratio = ar["decode_seconds"] / max(ls["decode_seconds"], 1e-12)
+    note = cache_note(model, d1, ratio, jax.default_backend(), common.last_level_cache_bytes())
     if note:
       print(note)
     if name == "greedy":
