@@ -1,10 +1,9 @@
 """Autoregressive decode speed against the public PyTorch reference of Huginn (Raven), same checkpoint.
 
 Why: the claim "our AR decodes Nx faster than the reference" needs one reproducible measurement. This builds a
-random model of the `huginn:bench_e512` variant (Huginn-0125's layout at E = 512: heads of 64, MLP 3.375 E, vocab
+random model of the `huginn:bench_e512` variant (Huginn-0125's layout at E = 512: 8 heads of 64, MLP 3.375 E, vocab
 65536, prelude / core / coda 2 / 4 / 2, R = 32; contractive adapter so the recurrence converges), writes it with our
-HF export
-(`checkpoint.hf.write_hf`), loads that directory both in `loopspec_jax` and in the reference's
+HF export (`checkpoint.hf.write_hf`), loads that directory both in `loopspec_jax` and in the reference's
 `RavenForCausalLM` (float32, `torch.set_num_threads(--threads)`), and decodes the same prompts greedily at R = 32
 from a zero initial state (`init_state="zeros"` / `init_scale=0.0`):
   * ours: `loopspec_jax.generate(method="ar")`;
@@ -24,6 +23,7 @@ The reference is not part of this repository. Get it with
   git clone https://github.com/seal-rg/recurrent-pretraining /tmp/recurrent-pretraining   # measured at 59e0b69
 and run, in an environment with torch and transformers (4.56 was used; keep torch out of the project venv):
   python -m loopspec_jax.experiments.reference_speed --reference_dir=/tmp/recurrent-pretraining/recpre
+(README, "AR against the public PyTorch reference", has the environment and the latest table.)
 """
 
 from __future__ import annotations
