@@ -219,21 +219,9 @@ def baselines_table(rows: list) -> str:
   return "\n".join(lines)
 
 
-def cpu_model() -> str:
-  """The processor's model name (/proc/cpuinfo; platform.processor() elsewhere): ratios on a CPU depend on it."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
 def machine_description() -> str:
   return (
-      f"{platform.node()} {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
+      f"{platform.node()} {platform.machine()} ({common.cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
       f"{jax.devices()[0].platform}"
   )
 

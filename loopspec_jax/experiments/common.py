@@ -21,6 +21,7 @@ import glob
 import json
 import logging as py_logging
 import os
+import platform
 import sys
 import tempfile
 from typing import List, Optional, Sequence
@@ -322,6 +323,18 @@ def atomic_write_text(path: str, text: str):
 
 def atomic_write_json(path: str, obj):
   atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
+
+
+def cpu_model() -> str:
+  """The processor's model name (/proc/cpuinfo; platform.processor() elsewhere): ratios on a CPU depend on it."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
 
 
 def last_level_cache_bytes(default: int = 32 << 20) -> int:
