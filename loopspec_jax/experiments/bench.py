@@ -20,7 +20,6 @@ verify pass, acceptance and draft cost share (the speculative baselines' columns
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 
@@ -219,13 +218,6 @@ def baselines_table(rows: list) -> str:
   return "\n".join(lines)
 
 
-def machine_description() -> str:
-  return (
-      f"{platform.node()} {platform.machine()} ({common.cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
-      f"{jax.devices()[0].platform}"
-  )
-
-
 def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
   """`num` prompts of a task as token ids. Text prompts longer than half the model's context keep their last
   max_len // 2 tokens (few-shot prefixes do not fit the tiny models); each cut is logged."""
@@ -273,7 +265,11 @@ def main(argv):
   table = baselines_table(rows) if cfg.get("table") == "baselines" else markdown_table(rows)
   print(table)
   if common.is_main_process():
-    meta = {"machine": machine_description(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}
+    meta = {
+        "machine": common.machine_description(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "config": cfg.to_dict(),
+    }
     common.write_report(cfg.out_dir, "bench", {"meta": meta, "rows": rows}, f"Machine: {meta['machine']}\n\n{table}")
 
 

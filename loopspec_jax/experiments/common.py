@@ -180,6 +180,18 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
   return loopspec_jax.load(spec, dtype=dtype)
 
 
+BEST_DEPTHS = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
+
+
+def best_depths(model) -> tuple:
+  """The (d1, d2) the theory and our sweeps favour for the model's family and depth."""
+  r = model.config.recurrence
+  d1, d2 = BEST_DEPTHS.get(model.family, (1, 2))
+  if r % d1 or not d1 < d2 < r or d2 % d1:
+    d1, d2 = 1, None
+  return d1, d2
+
+
 def prompts_for(cfg, task: str, model) -> list:
   """The prompts of `task` as a depth / sweep config asks for them (count, length, seed, token cut)."""
   return depth_metrics.prepare_prompts(
@@ -335,6 +347,14 @@ def cpu_model() -> str:
   except OSError:
     pass
   return platform.processor() or "unknown CPU"
+
+
+def machine_description() -> str:
+  """Host, processor, cores and jax backend: what a benchmark's ratios depend on."""
+  return (
+      f"{platform.node()} {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
+      f"{jax.devices()[0].platform}"
+  )
 
 
 def last_level_cache_bytes(default: int = 32 << 20) -> int:

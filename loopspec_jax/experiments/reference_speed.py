@@ -46,7 +46,6 @@ from loopspec_jax import api
 from loopspec_jax.analysis import cost
 from loopspec_jax.checkpoint import hf
 from loopspec_jax.configs import models as model_configs
-from loopspec_jax.experiments import bench
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()
@@ -239,7 +238,7 @@ def main(argv):
   table = markdown_table(res, label)
   load_end = os.getloadavg()
   meta = {
-      "machine": bench.machine_description(),
+      "machine": common.machine_description(),
       "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       "loadavg_start": load_start,
       "loadavg_end": load_end,
