@@ -6,6 +6,7 @@ import sys
 import types
 
 import chex
+import pytest
 from absl import flags
 from absl import logging
 from absl.testing import absltest
@@ -19,6 +20,7 @@ from loopspec_jax.experiments import common
 from loopspec_jax.experiments import demo
 from loopspec_jax.experiments import generate
 from loopspec_jax.experiments import reference_speed
+from loopspec_jax.experiments import row_cost
 from loopspec_jax.experiments import sweep
 
 
@@ -192,9 +194,38 @@ def test_demo_explains_a_ratio_below_one_on_a_cpu():
   note = demo.cache_note(model, 2, 0.7, "cpu", mib32)
   assert note.startswith("why: a LoopSpec tick does the arithmetic of an AR token (16 lanes x 2 steps)")
   assert "1.7 MB of core weights fit the CPU's 32 MiB cache" in note and "bench/default.py:memory_bound" in note
+  assert "reads the same KV bytes (6.8 MB per 100 cached positions" in note and "loopspec-row-cost" in note
   assert demo.cache_note(model, 2, 1.2, "cpu", mib32) is None and demo.cache_note(model, 2, 0.7, "gpu", mib32) is None
   assert demo.cache_note(model, 2, 0.7, "cpu", 1 << 20) is None  # weights larger than the cache: another reason
   assert common.last_level_cache_bytes() >= 1 << 20
+
+
+def test_row_cost_measures_every_row_count_and_bounds_the_ratio():
+  """The row-cost bound: core steps on M rows (each row attending to its own cache block) and an AR token at
+  the same cache length, timed interleaved; the bound is tokens per tick x t_AR / (d1 t(G))."""
+  model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
+  d1 = 2
+  g = model.config.recurrence // d1
+  res = row_cost.measure(model, [1, g], context=32, new_tokens=8, steps=2, repeats=2)
+  assert set(res["step_seconds"]) == {1, g} and all(len(t) == 2 for t in res["step_seconds_all"].values())
+  assert min(res["step_seconds"].values()) > 0 and res["ar_token_seconds"] > 0
+  s = row_cost.summarize("tiny", model, res, d1, new_tokens=8)
+  assert s["groups"] == g and s["ideal_tokens_per_tick"] == 8 / (8 + g - 1)
+  assert s["bound_no_rejection"] < s["bound_at_one_token_per_tick"]
+  # The arithmetic of the bound, on numbers: AR 4 ms/token, t(G) = 1 ms, d1 = 2, 0.5 tokens per tick -> 1x.
+  assert row_cost.ratio_bound(4e-3, 1e-3, 2, 0.5) == 1.0
+  table = row_cost.tables([("tiny", res, s)], 8)
+  assert table.count("| tiny | ") == 3 and "bound: 8 tokens without a rejection" in table
+  with pytest.raises(ValueError, match="must exceed new_tokens"):
+    row_cost.ar_token_loop(model, context=8, new_tokens=8, seed=0)
+  # The whole tick against an AR token per cache length, and the per-position slope of each.
+  costs = row_cost.decode_costs(model, d1, [16, 24], new_tokens=4, repeats=1)
+  assert set(costs) == {16, 24} and all(c["ar"] > 0 and c["loopspec"] > 0 for c in costs.values())
+  s["decode_costs"] = costs
+  s["ar_slope_s_per_position"] = row_cost.slope_per_position(costs, "ar")
+  s["tick_slope_s_per_position"] = row_cost.slope_per_position(costs, "loopspec")
+  table = row_cost.tables([("tiny", res, s)], 8)
+  assert "| tiny | 24 |" in table and "| tiny | per 100 positions |" in table
 
 
 if __name__ == "__main__":

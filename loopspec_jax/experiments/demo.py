@@ -32,23 +32,13 @@ PROMPTS = [
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "KING HENRY:\nOnce more unto the",
 ]
-BEST = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
 SETTINGS = (("greedy", dict(temperature=0.0)), ("sampled T=1.0 top_p=0.7", dict(temperature=1.0, top_p=0.7)))
-
-
-def best_depths(model) -> tuple:
-  """The (d1, d2) the theory and our sweeps favour for the model's family and depth."""
-  r = model.config.recurrence
-  d1, d2 = BEST.get(model.family, (1, 2))
-  if r % d1 or not d1 < d2 < r or d2 % d1:
-    d1, d2 = 1, None
-  return d1, d2
 
 
 def chosen_depths(model, config) -> tuple:
   """The config's (d1, d2), or the model's best known pair when d1 is none."""
   if config.d1 is None:
-    return best_depths(model)
+    return common.best_depths(model)
   return int(config.d1), config.d2
 
 
@@ -104,16 +94,20 @@ def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, ga
 
 def cache_note(model, d1: int, ratio: float, backend: str, cache_bytes: int) -> Optional[str]:
   """Why LoopSpec trails AR, when it does on a CPU whose cache (`cache_bytes`) holds the core's weights: a tick
-  does the arithmetic of an AR token (R / d1 lanes x d1 steps) to save weight reads, which such a model hardly
-  needs saved. None otherwise (the reason would be another one)."""
+  does the arithmetic of an AR token (R / d1 lanes x d1 steps) and reads the same KV bytes (every depth attends
+  to its own cache slot), so all it saves is weight reads, which such a model hardly needs saved. None
+  otherwise (the reason would be another one)."""
   core = cost.param_bytes(model.config)["core"]
   if ratio >= 1.0 or backend != "cpu" or core > cache_bytes:
     return None
+  kv_100 = cost.ar_token_bytes(model.config, 100)["kv"]
   return (
-      f"why: a LoopSpec tick does the arithmetic of an AR token ({model.recurrence // d1} lanes x {d1} steps) to "
-      f"save weight reads, but this model's {core / 1e6:.1f} MB of core weights fit the CPU's "
-      f"{cache_bytes / 2**20:.0f} MiB cache; `loopspec-bench --config=bench/default.py:memory_bound` decodes a "
-      "model larger than it (README, Benchmarks)"
+      f"why: a LoopSpec tick does the arithmetic of an AR token ({model.recurrence // d1} lanes x {d1} steps) and "
+      f"reads the same KV bytes ({kv_100 / 1e6:.1f} MB per 100 cached positions: every depth attends to its own "
+      f"slot), to save weight reads, but this model's {core / 1e6:.1f} MB of core weights fit the CPU's "
+      f"{cache_bytes / 2**20:.0f} MiB cache; `loopspec-row-cost` measures what that leaves, "
+      "`loopspec-bench --config=bench/default.py:memory_bound` decodes a model larger than the cache (README, "
+      "Benchmarks)"
   )
 
 

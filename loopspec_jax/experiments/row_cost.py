@@ -1,0 +1,268 @@
+"""What bounds LoopSpec against AR on this machine: the cost of one core step on M rows against one row.
+
+A LoopSpec tick runs d1 core steps on the G = R / d1 lanes of its pipeline (G rows, each attending to the cache
+block of its own depth) and commits at most one token; an AR token runs R core steps on one row. Per token
+both do the same arithmetic (R row-steps) and read the same KV bytes, so a tick is cheaper than an AR token
+only by what running G rows in one product saves over running one row G times. Where the weights are
+read from memory for every step (an accelerator, or a CPU with a model larger than its caches) that saving is
+nearly G-fold; where they stay in the caches it is small, and no engine can make up for it.
+
+This measures, on the host it runs on, t(M): one core step (the model's real `looped.core_step`, its
+weights in decode form, every row attending to T cached positions of its own per core layer) on M rows, in a
+jitted `lax.fori_loop` (medians of interleaved repeats), and an AR token of `generate(method="ar")` at the
+same cache length. A tick costs at least d1 t(G) (its core steps alone: no pre, coda, LM head, speculative
+entries or lane table), so
+
+    LoopSpec / AR  <=  tokens per tick x t_AR / (d1 t(G)),
+
+with tokens per tick at most 1 (and N / (N + G - 1) for an N-token request decoded without one rejection:
+the pipeline fills once). That bound leaves out everything a tick does besides its core steps; the second
+table measures the whole tick against an AR token at several cache lengths T (`generate`, one random prompt
+of T - N tokens, LoopSpec with a single proposal at the model's d1): both read the same KV bytes per token (each
+of the R depths attends to its own cache slot), so where their costs grow alike with T the tick's saving on
+weights is all LoopSpec has. Writes row_cost.json / .md to out_dir.
+
+  loopspec-row-cost                                    # the bundled models
+  loopspec-row-cost --config=row_cost.py:memory_bound  # huginn:bench_e512 (weights larger than the caches)
+
+Settings: loopspec_jax/configs/row_cost.py.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+
+import loopspec_jax
+from loopspec_jax.experiments import common
+from loopspec_jax.models import looped as M
+
+FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", common.config_path("row_cost.py"), "Row-cost settings.", flag_values=FLAGS
+)
+
+
+def core_step_loop(model, rows: int, context: int, steps: int):
+  """A callable running `steps` core steps on `rows` rows (one jitted fori_loop), each row attending to its
+  own block of `context` cached positions per core layer ([rows, KV, T, D] per layer: a tick's G lanes read
+  G blocks, an AR token's one row reads one). Returns the final state (to block on)."""
+  cfg = model.config
+  dt = jnp.dtype(cfg.dtype)
+  params = M.prepare_params(model.params, cfg)
+  keys = jax.random.split(jax.random.PRNGKey(rows), 2 * cfg.n_core + 2)
+  kv_shape = (rows, cfg.num_kv_heads, context, cfg.head_dim)
+  kc = tuple(jax.random.normal(keys[l], kv_shape, dt) for l in range(cfg.n_core))
+  vc = tuple(jax.random.normal(keys[cfg.n_core + l], kv_shape, dt) for l in range(cfg.n_core))
+  s0 = 0.1 * jax.random.normal(keys[-2], (rows, 1, cfg.hidden_size), dt)
+  e = 0.1 * jax.random.normal(keys[-1], (rows, 1, cfg.hidden_size), dt)
+  pos = jnp.full((rows, 1), context, jnp.int32)
+  mask = jnp.ones((rows, 1, context), bool)
+  self_mask = jnp.ones((rows, 1, 1), bool)
+
+  @jax.jit
+  def run(params, s, e, kc, vc):
+    ctx = lambda l: [(kc[l], vc[l], mask)]
+    body = lambda _, s: M.core_step(params, s, e, pos, self_mask, ctx, cfg)[0]
+    return jax.lax.fori_loop(0, steps, body, s)
+
+  return lambda: run(params, s0, e, kc, vc)
+
+
+def ar_token_loop(model, context: int, new_tokens: int, seed: int):
+  """A callable decoding one random prompt of `context - new_tokens` tokens with AR; returns decode seconds
+  per token (the cache holds `context` positions, as `core_step_loop`'s rows attend to)."""
+  if context <= new_tokens:
+    raise ValueError(f"context={context} must exceed new_tokens={new_tokens} (the prompt is the rest)")
+  prompt = np.random.RandomState(seed).randint(0, model.config.vocab_size, context - new_tokens).tolist()
+
+  def run():
+    out = loopspec_jax.generate(model, [prompt], max_new_tokens=new_tokens, method="ar")
+    return out.stats["decode_seconds"] / max(out.stats["tokens_generated"], 1)
+
+  return run
+
+
+def measure(model, rows: list, context: int, new_tokens: int, steps: int, repeats: int, seed: int = 0) -> dict:
+  """Median seconds of one core step per row count, and of one AR token; `repeats` rounds each time every
+  row count and AR once in turn (after one untimed compiling round), so a slow spell hits all alike."""
+  loops = {m: core_step_loop(model, m, context, steps) for m in rows}
+  ar = ar_token_loop(model, context, new_tokens, seed)
+  for f in loops.values():
+    jax.block_until_ready(f())
+  ar()
+  step_times = {m: [] for m in rows}
+  ar_times = []
+  for _ in range(max(int(repeats), 1)):
+    for m, f in loops.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(f())
+      step_times[m].append((time.perf_counter() - t0) / steps)
+    ar_times.append(ar())
+  return {
+      "step_seconds": {m: statistics.median(t) for m, t in step_times.items()},
+      "step_seconds_all": step_times,
+      "ar_token_seconds": statistics.median(ar_times),
+      "ar_token_seconds_all": ar_times,
+  }
+
+
+def pipeline_tokens_per_tick(new_tokens: int, n_groups: int) -> float:
+  """Tokens per tick of an N-token request decoded without a rejection: the pipeline fills once (G - 1 ticks
+  before the first commit), then commits one token every tick."""
+  return new_tokens / (new_tokens + n_groups - 1)
+
+
+def ratio_bound(ar_token_s: float, step_s_g: float, d1: int, tokens_per_tick: float = 1.0) -> float:
+  """The most LoopSpec can gain over AR: tokens per tick x t_AR / (d1 t(G)) (a tick costs at least its d1
+  core steps on the G pipeline rows)."""
+  return tokens_per_tick * ar_token_s / (d1 * step_s_g)
+
+
+def summarize(name: str, model, res: dict, d1: int, new_tokens: int) -> dict:
+  """The bound for the model's pipeline width G = R / d1, from `measure`'s medians."""
+  r = model.config.recurrence
+  g = r // d1
+  t1 = res["step_seconds"][1]
+  tg = res["step_seconds"][g]
+  tpt = pipeline_tokens_per_tick(new_tokens, g)
+  return {
+      "model": name,
+      "recurrence": r,
+      "d1": d1,
+      "groups": g,
+      "ar_token_ms": 1e3 * res["ar_token_seconds"],
+      "ar_core_ms": 1e3 * r * t1,  # R core steps on one row: the part of an AR token the tick replaces
+      "tick_core_floor_ms": 1e3 * d1 * tg,
+      "row_step_cost_vs_one_row": tg / (g * t1),
+      "ideal_tokens_per_tick": tpt,
+      "bound_at_one_token_per_tick": ratio_bound(res["ar_token_seconds"], tg, d1),
+      "bound_no_rejection": ratio_bound(res["ar_token_seconds"], tg, d1, tpt),
+  }
+
+
+def decode_costs(model, d1: int, contexts: list, new_tokens: int, repeats: int, seed: int = 0) -> dict:
+  """Per cache length T: AR seconds per token and LoopSpec (single proposal at d1) seconds per tick of one
+  random prompt of T - N tokens, N = new_tokens (`generate`'s decode time after prefill; medians of
+  `repeats` interleaved rounds after a compiling one). The LoopSpec cache holds one more position."""
+  rng = np.random.RandomState(seed)
+  prompts = {t: rng.randint(0, model.config.vocab_size, t - new_tokens).tolist() for t in contexts}
+  runs = {"ar": dict(method="ar"), "loopspec": dict(method="loopspec", d1=d1)}
+
+  def once(t, kw):
+    st = loopspec_jax.generate(model, [prompts[t]], max_new_tokens=new_tokens, **kw).stats
+    return st["decode_seconds"] / max(st.get("ticks") or st["tokens_generated"], 1)
+
+  for t in contexts:
+    for kw in runs.values():
+      once(t, kw)
+  times = {t: {m: [] for m in runs} for t in contexts}
+  for _ in range(max(int(repeats), 1)):
+    for t in contexts:
+      for m, kw in runs.items():
+        times[t][m].append(once(t, kw))
+  return {t: {m: statistics.median(v) for m, v in per.items()} for t, per in times.items()}
+
+
+def slope_per_position(costs: dict, method: str) -> float:
+  """Least-squares seconds per cache position of `method`'s step cost over the measured T."""
+  ts = sorted(costs)
+  if len(ts) < 2:
+    return float("nan")
+  return float(np.polyfit(ts, [costs[t][method] for t in ts], 1)[0])
+
+
+def tables(per_model: list, new_tokens: int) -> str:
+  """Markdown: the row-cost table of every model, the bound table, and the tick against AR per cache length."""
+  out = [
+      "| model | rows M | ms per core step | ms per row-step | row-step cost vs one row |",
+      "|---|---|---|---|---|",
+  ]
+  for name, res, _ in per_model:
+    t1 = res["step_seconds"][1]
+    for m, t in res["step_seconds"].items():
+      out.append(f"| {name} | {m} | {1e3 * t:.3f} | {1e3 * t / m:.4f} | {t / (m * t1):.2f} |")
+  out += [
+      "",
+      "| model | AR ms/token | of which R core steps (R t(1)) | d1, G | tick's core steps d1 t(G) | "
+      "row-step cost at G vs one row | bound: 1 token/tick | bound: "
+      f"{new_tokens} tokens without a rejection |",
+      "|---|---|---|---|---|---|---|---|",
+  ]
+  for name, _, s in per_model:
+    out.append(
+        f"| {name} | {s['ar_token_ms']:.2f} | {s['ar_core_ms']:.2f} | {s['d1']}, {s['groups']} | "
+        f"{s['tick_core_floor_ms']:.2f} | {s['row_step_cost_vs_one_row']:.2f} | "
+        f"{s['bound_at_one_token_per_tick']:.2f}x | {s['bound_no_rejection']:.2f}x "
+        f"({s['ideal_tokens_per_tick']:.3f} tokens/tick) |"
+    )
+  out += [
+      "",
+      "| model | cache positions T | AR ms/token | LoopSpec ms/tick (d1, -) | tick / AR token | AR / tick x "
+      f"{new_tokens}-token pipeline (the bound with the whole tick) |",
+      "|---|---|---|---|---|---|",
+  ]
+  for name, _, s in per_model:
+    for t, c in s.get("decode_costs", {}).items():
+      rel = c["loopspec"] / c["ar"]
+      out.append(
+          f"| {name} | {t} | {1e3 * c['ar']:.2f} | {1e3 * c['loopspec']:.2f} | {rel:.2f} | "
+          f"{s['ideal_tokens_per_tick'] / rel:.2f}x |"
+      )
+    if len(s.get("decode_costs", {})) > 1:
+      out.append(
+          f"| {name} | per 100 positions | {1e5 * s['ar_slope_s_per_position']:.3f} | "
+          f"{1e5 * s['tick_slope_s_per_position']:.3f} | | |"
+      )
+  return "\n".join(out)
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  rows_wanted = [int(x) for x in common.split_list(c.rows)]
+  per_model = []
+  for spec in common.split_list(c.models):
+    model = common.resolve_model(spec, contraction=c.contraction if spec.startswith("random:") else None, seed=c.seed)
+    d1 = common.best_depths(model)[0]
+    g = model.config.recurrence // d1
+    rows = sorted(set(rows_wanted) | {1, g})
+    res = measure(model, rows, c.context, c.new_tokens, c.steps_per_call, c.repeats, c.seed)
+    summary = summarize(spec, model, res, d1, c.new_tokens)
+    contexts = [int(x) for x in common.split_list(c.decode_contexts)]
+    if contexts:
+      costs = decode_costs(model, d1, contexts, c.decode_new_tokens, c.repeats, c.seed)
+      summary["decode_costs"] = costs
+      summary["ar_slope_s_per_position"] = slope_per_position(costs, "ar")
+      summary["tick_slope_s_per_position"] = slope_per_position(costs, "loopspec")
+    per_model.append((spec, res, summary))
+    common.release_compiled()
+    print(f"{spec}: done", flush=True)
+  meta = {
+      "machine": common.machine_description(),
+      "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "loadavg": os.getloadavg(),
+      "config": c.to_dict(),
+  }
+  text = (
+      f"Machine: {meta['machine']}; load average {meta['loadavg'][0]:.2f}. T = {c.context} cached positions per "
+      f"row, medians of {c.repeats} interleaved rounds.\n\n{tables(per_model, c.new_tokens)}"
+  )
+  print(text)
+  payload = {"meta": meta, "models": [{"spec": n, "measured": r, "summary": s} for n, r, s in per_model]}
+  common.write_report(c.out_dir, "row_cost", payload, text)
+
+
+def run():
+  common.run(main, FLAGS)
+
+
+if __name__ == "__main__":
+  run()
