@@ -150,6 +150,7 @@ def small_auto(monkeypatch):
   monkeypatch.setattr(adaptive, "AUTO_MAX_GAMMA", 3)  # a cheaper compile; the rule is the same
 
 
+@pytest.mark.slow
 def test_auto_gamma_greedy_matches_ar(small_auto):
   for contraction in (FAMILIES[DEFAULT_FAMILY], None):
     got = check_draft_greedy(DEFAULT_FAMILY, contraction, gamma="auto")
@@ -239,6 +240,7 @@ def test_sampled_distribution_is_exact_slow(case, monkeypatch):
   run_sampled(case)
 
 
+@pytest.mark.slow
 def test_tokens_per_pass_match_theory():
   """Sampled tokens per verify pass agree with (1 - a^(gamma+1)) / (1 - a) at the measured a (accepted /
   examined drafts) within 5%, for a drafter of middling acceptance (the target itself at depth 1)."""

@@ -19,7 +19,7 @@ def _prompts(model, n_tokens=48):
   return out
 
 
-@pytest.mark.parametrize("name", ["tiny-raven", "tiny-ouro"])
+@pytest.mark.parametrize("name", ["tiny-raven", pytest.param("tiny-ouro", marks=pytest.mark.slow)])
 def test_bundled_greedy_loopspec_equals_autoregressive(name):
   if name not in loopspec_jax.bundled_models():
     pytest.skip(f"{name} is not bundled")

@@ -26,12 +26,12 @@ N_NEW = 20  # with PROMPTS: the (16, 32) length bucket
 # (spec, d1, d2): per family one two-proposal pair (the single proposal for two); more pairs are slow. Pairs with
 # d2 >= R/2 (or d1 > 1) keep second-proposal branches from nesting, so a bounded capacity skips no spawn.
 LOOPSPEC = [
-    ("ouro:tiny", 1, 2),
-    ("ouro:tiny", 2, None),
     ("huginn:tiny", 2, 4),
     ("huginn:tiny", 2, None),
 ]
 LOOPSPEC_SLOW = [
+    ("ouro:tiny", 1, 2),
+    ("ouro:tiny", 2, None),
     ("raven_llama:tiny", 2, 6),
     ("raven_olmo:tiny", 1, 4),
     ("ouro:tiny", 1, 3),

@@ -236,6 +236,7 @@ def test_sweep_rows_and_table(run):
   assert "**measured best**" in table and "predicted best" in table and "(d1*, d2*)" in table
 
 
+@pytest.mark.slow  # executes the whole notebook (~12 s)
 def test_notebook_executes(run, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   from nbconvert.preprocessors import ExecutePreprocessor
@@ -362,6 +363,7 @@ def test_bundled_model_pipeline(tmp_path):
   assert ("Theorem 2 from" in res["table"]) == (summary["theorem2"] is not None)
 
 
+@pytest.mark.slow  # compiles draft and lookup decoders for a sweep (~18 s)
 def test_sweep_draft_and_lookup_rows(tmp_path):
   """A sweep with draft-model and prompt-lookup rows (the target's own weights at R = 1 as the separate drafter):
   their rows carry tokens per verify pass, acceptance, alpha, the draft cost share and the wall-clock ratio, the

@@ -103,7 +103,6 @@ FAST = [
     ("loopspec_2p_T1_rejected", "rejected", dict(method="loopspec", d1=2, d2=4), 1.0, 0, 1.0, 3, 12),
     ("loopspec_1p_T07_topk_rejected", "rejected", dict(method="loopspec", d1=2), 0.7, 3, 1.0, 3, 13),
     ("chain_T1_topp_rejected", "rejected", dict(method="chain", d1=2, gamma=2), 1.0, 0, 0.8, 3, 14),
-    ("loopspec_2p_topp_topk_rejected", "rejected", dict(method="loopspec", d1=2, d2=4), 0.7, 5, 0.9, 2, 15),
     (
         "loopspec_2p_gate_mass_rejected",
         "rejected",
@@ -116,6 +115,7 @@ FAST = [
     ),
 ]
 SLOW = [
+    ("loopspec_2p_topp_topk_rejected", "rejected", dict(method="loopspec", d1=2, d2=4), 0.7, 5, 0.9, 2, 15),
     ("loopspec_2p_T07_accepted", "accepted", dict(method="loopspec", d1=2, d2=4), 0.7, 0, 1.0, 3, 21),
     ("loopspec_1p_T1_accepted", "accepted", dict(method="loopspec", d1=2), 1.0, 0, 1.0, 2, 22),
     ("loopspec_1p_T1_topp_rejected", "rejected", dict(method="loopspec", d1=2), 1.0, 0, 0.8, 2, 23),

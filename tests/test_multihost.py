@@ -121,6 +121,7 @@ def _assert_survivors_fail_fast(res, killed: int, processes: int, bound_s: float
 # ---------------------------------------------------------------------------------------------------
 # Default tests
 # ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # ~40 s: two processes start and compile every decoder
 def test_two_processes_decode_like_one_device_and_only_process_0_writes(tmp_path):
   """2 processes x 2 CPU devices, mesh (2, 2) spanning both: greedy and sampled LoopSpec, 3 requests padded to 4,
   on every process equal to a one-device decode; one result file, written by process 0."""

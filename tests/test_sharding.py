@@ -188,6 +188,7 @@ def reports():
   return result
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_identical_on_every_mesh(reports, family):
   g = reports[family]["greedy"]
@@ -198,6 +199,7 @@ def test_greedy_identical_on_every_mesh(reports, family):
   assert len({tuple(t) for t in g["None|ar"]}) > 1  # the requests really differ
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_sampled_identical_for_the_same_seed(reports, family):
   s, special = reports[family]["sampled"], FAMILIES[family][3]
@@ -210,6 +212,7 @@ def _expect(dim_units, size):
   return "model" if dim_units % size == 0 else None
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_parameters_sharded_as_the_rules_say(reports, family):
   rep = reports[family]
@@ -245,6 +248,7 @@ _LOOPS = {m: f"loopspec_jax.decoding.{m}.decode_loop" for m in ("autoregressive"
 _LOOPS["loopspec"] = "loopspec_jax.decoding.loopspec.tick.decode_loop"
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_decode_state_sharded_as_declared(reports, family):
   """Every leaf of the recorded states (prefill's cache, each decode loop's state) lies as its dataclass field
@@ -282,6 +286,7 @@ def test_decode_state_sharded_as_declared(reports, family):
   assert dec[".limit"] == [b]
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_configuration_traces_once(reports, family):
   rep = reports[family]
@@ -297,6 +302,7 @@ def test_each_configuration_traces_once(reports, family):
   assert rep["sampled_new_wrappers"] == (4 if family == "ouro" else 9)
 
 
+@pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_plan_memory_matches_real_bytes(reports, family):
   rep = reports[family]
