@@ -218,12 +218,13 @@ def test_row_cost_measures_every_row_count_and_bounds_the_ratio():
   assert table.count("| tiny | ") == 3 and "bound: 8 tokens without a rejection" in table
   with pytest.raises(ValueError, match="must exceed new_tokens"):
     row_cost.ar_token_loop(model, context=8, new_tokens=8, seed=0)
+  with pytest.raises(ValueError, match="fit the model's context"):
+    row_cost.check_cache_length(model.config, model.config.max_len + 1, 8)
   # The whole tick against an AR token per cache length, and the per-position slope of each.
   costs = row_cost.decode_costs(model, d1, [16, 24], new_tokens=4, repeats=1)
   assert set(costs) == {16, 24} and all(c["ar"] > 0 and c["loopspec"] > 0 for c in costs.values())
-  s["decode_costs"] = costs
-  s["ar_slope_s_per_position"] = row_cost.slope_per_position(costs, "ar")
-  s["tick_slope_s_per_position"] = row_cost.slope_per_position(costs, "loopspec")
+  s = row_cost.summarize("tiny", model, res, d1, new_tokens=8, costs=costs)
+  assert s["ar_slope_s_per_position"] == row_cost.slope_per_position(costs, "ar")
   table = row_cost.tables([("tiny", res, s)], 8)
   assert "| tiny | 24 |" in table and "| tiny | per 100 positions |" in table
 

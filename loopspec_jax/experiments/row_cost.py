@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from typing import Optional
 
 from absl import flags
 import jax
@@ -76,18 +77,34 @@ def core_step_loop(model, rows: int, context: int, steps: int):
   return lambda: run(params, s0, e, kc, vc)
 
 
+def check_cache_length(cfg, context: int, new_tokens: int):
+  """A decode of `new_tokens` after a prompt of `context - new_tokens` tokens must have a prompt and fit the
+  model's context; ValueError otherwise (checked before anything compiles)."""
+  if not new_tokens < context <= cfg.max_len:
+    raise ValueError(
+        f"cache length {context} must exceed new_tokens={new_tokens} (the prompt is the rest) and fit the "
+        f"model's context of {cfg.max_len} positions"
+    )
+
+
+def random_prompt(model, context: int, new_tokens: int, rng) -> list:
+  """Random token ids of a prompt whose decode of `new_tokens` fills `context` cache positions."""
+  check_cache_length(model.config, context, new_tokens)
+  return rng.randint(0, model.config.vocab_size, context - new_tokens).tolist()
+
+
+def seconds_per_step(model, prompt: list, new_tokens: int, **method_kw) -> float:
+  """Decode seconds (after prefill) per loop iteration of one `generate` call: per token for AR, per tick
+  for LoopSpec."""
+  st = loopspec_jax.generate(model, [prompt], max_new_tokens=new_tokens, **method_kw).stats
+  return st["decode_seconds"] / max(st.get("ticks") or st["tokens_generated"], 1)
+
+
 def ar_token_loop(model, context: int, new_tokens: int, seed: int):
   """A callable decoding one random prompt of `context - new_tokens` tokens with AR; returns decode seconds
   per token (the cache holds `context` positions, as `core_step_loop`'s rows attend to)."""
-  if context <= new_tokens:
-    raise ValueError(f"context={context} must exceed new_tokens={new_tokens} (the prompt is the rest)")
-  prompt = np.random.RandomState(seed).randint(0, model.config.vocab_size, context - new_tokens).tolist()
-
-  def run():
-    out = loopspec_jax.generate(model, [prompt], max_new_tokens=new_tokens, method="ar")
-    return out.stats["decode_seconds"] / max(out.stats["tokens_generated"], 1)
-
-  return run
+  prompt = random_prompt(model, context, new_tokens, np.random.RandomState(seed))
+  return lambda: seconds_per_step(model, prompt, new_tokens, method="ar")
 
 
 def measure(model, rows: list, context: int, new_tokens: int, steps: int, repeats: int, seed: int = 0) -> dict:
@@ -126,14 +143,15 @@ def ratio_bound(ar_token_s: float, step_s_g: float, d1: int, tokens_per_tick: fl
   return tokens_per_tick * ar_token_s / (d1 * step_s_g)
 
 
-def summarize(name: str, model, res: dict, d1: int, new_tokens: int) -> dict:
-  """The bound for the model's pipeline width G = R / d1, from `measure`'s medians."""
+def summarize(name: str, model, res: dict, d1: int, new_tokens: int, costs: Optional[dict] = None) -> dict:
+  """The bound for the model's pipeline width G = R / d1, from `measure`'s medians; with `decode_costs`'s
+  `costs`, those and the per-position slope of AR and of the tick."""
   r = model.config.recurrence
   g = r // d1
   t1 = res["step_seconds"][1]
   tg = res["step_seconds"][g]
   tpt = pipeline_tokens_per_tick(new_tokens, g)
-  return {
+  out = {
       "model": name,
       "recurrence": r,
       "d1": d1,
@@ -146,6 +164,11 @@ def summarize(name: str, model, res: dict, d1: int, new_tokens: int) -> dict:
       "bound_at_one_token_per_tick": ratio_bound(res["ar_token_seconds"], tg, d1),
       "bound_no_rejection": ratio_bound(res["ar_token_seconds"], tg, d1, tpt),
   }
+  if costs:
+    out["decode_costs"] = costs
+    out["ar_slope_s_per_position"] = slope_per_position(costs, "ar")
+    out["tick_slope_s_per_position"] = slope_per_position(costs, "loopspec")
+  return out
 
 
 def decode_costs(model, d1: int, contexts: list, new_tokens: int, repeats: int, seed: int = 0) -> dict:
@@ -153,13 +176,9 @@ def decode_costs(model, d1: int, contexts: list, new_tokens: int, repeats: int, 
   random prompt of T - N tokens, N = new_tokens (`generate`'s decode time after prefill; medians of
   `repeats` interleaved rounds after a compiling one). The LoopSpec cache holds one more position."""
   rng = np.random.RandomState(seed)
-  prompts = {t: rng.randint(0, model.config.vocab_size, t - new_tokens).tolist() for t in contexts}
+  prompts = {t: random_prompt(model, t, new_tokens, rng) for t in contexts}
   runs = {"ar": dict(method="ar"), "loopspec": dict(method="loopspec", d1=d1)}
-
-  def once(t, kw):
-    st = loopspec_jax.generate(model, [prompts[t]], max_new_tokens=new_tokens, **kw).stats
-    return st["decode_seconds"] / max(st.get("ticks") or st["tokens_generated"], 1)
-
+  once = lambda t, kw: seconds_per_step(model, prompts[t], new_tokens, **kw)
   for t in contexts:
     for kw in runs.values():
       once(t, kw)
@@ -228,21 +247,25 @@ def main(argv):
   del argv
   c = _CONFIG.value
   rows_wanted = [int(x) for x in common.split_list(c.rows)]
+  contexts = [int(x) for x in common.split_list(c.decode_contexts)]
+  if min(rows_wanted, default=1) < 1 or c.steps_per_call < 1:
+    raise ValueError(f"rows ({c.rows}) and steps_per_call ({c.steps_per_call}) must be >= 1")
+  models = {}
+  for spec in common.split_list(c.models):  # every model and cache length checked before anything compiles
+    models[spec] = common.resolve_model(
+        spec, contraction=c.contraction if spec.startswith("random:") else None, seed=c.seed
+    )
+    check_cache_length(models[spec].config, c.context, c.new_tokens)
+    for t in contexts:
+      check_cache_length(models[spec].config, t, c.decode_new_tokens)
   per_model = []
-  for spec in common.split_list(c.models):
-    model = common.resolve_model(spec, contraction=c.contraction if spec.startswith("random:") else None, seed=c.seed)
+  for spec, model in models.items():
     d1 = common.best_depths(model)[0]
     g = model.config.recurrence // d1
     rows = sorted(set(rows_wanted) | {1, g})
     res = measure(model, rows, c.context, c.new_tokens, c.steps_per_call, c.repeats, c.seed)
-    summary = summarize(spec, model, res, d1, c.new_tokens)
-    contexts = [int(x) for x in common.split_list(c.decode_contexts)]
-    if contexts:
-      costs = decode_costs(model, d1, contexts, c.decode_new_tokens, c.repeats, c.seed)
-      summary["decode_costs"] = costs
-      summary["ar_slope_s_per_position"] = slope_per_position(costs, "ar")
-      summary["tick_slope_s_per_position"] = slope_per_position(costs, "loopspec")
-    per_model.append((spec, res, summary))
+    costs = decode_costs(model, d1, contexts, c.decode_new_tokens, c.repeats, c.seed) if contexts else None
+    per_model.append((spec, res, summarize(spec, model, res, d1, c.new_tokens, costs)))
     common.release_compiled()
     print(f"{spec}: done", flush=True)
   meta = {
