@@ -3,8 +3,15 @@
 from loopspec_jax.api import (GenerateResult, LoopedModel, bundled_models, from_config, generate, load, readouts, save)
 from loopspec_jax.checkpoint.hf import CheckpointError
 from loopspec_jax.config import ModelConfig
+from loopspec_jax.methods import AR, Chain, Draft, Lookup, LoopSpec, Method
 
 __all__ = [
+    "AR",
+    "Chain",
+    "Draft",
+    "Lookup",
+    "LoopSpec",
+    "Method",
     "GenerateResult",
     "LoopedModel",
     "ModelConfig",

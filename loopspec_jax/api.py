@@ -16,27 +16,16 @@ import numpy as np
 
 from loopspec_jax.checkpoint import hf as hf_checkpoint
 from loopspec_jax.checkpoint import native
-from loopspec_jax.decoding import autoregressive
-from loopspec_jax.decoding import chain
+from loopspec_jax import methods
 from loopspec_jax.decoding import common
-from loopspec_jax.decoding import draft
-from loopspec_jax.decoding import lookup
 from loopspec_jax.decoding.common import GenerateResult
-from loopspec_jax.decoding.loopspec import decoder as loopspec
 from loopspec_jax.models import looped as M
 from loopspec_jax.models.model import LoopedModel, from_config
 from loopspec_jax.parallel import sharding
 
 bundled_models = native.bundled_models
 save = native.save
-METHODS = ("ar", "chain", "loopspec", "draft", "lookup")
-_METHOD_ARGS = {
-    "ar": (),
-    "chain": ("d1", "gamma"),
-    "loopspec": ("d1", "d2", "lane_capacity", "gate_mass"),
-    "draft": ("draft_model", "gamma"),
-    "lookup": ("ngram", "gamma"),
-}
+METHODS = methods.NAMES
 
 __all__ = ["GenerateResult", "LoopedModel", "bundled_models", "from_config", "generate", "load", "readouts", "save"]
 
@@ -96,16 +85,11 @@ _forward_depths = jax.jit(
 )
 
 
-def _make_decoder(method: str, cfg, greedy: bool, random_init: bool, method_args: dict) -> common.Decoder:
-  """The Decoder of `method`, after checking that it was given only the arguments it takes."""
-  if method not in METHODS:
-    raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-  err = common.method_kwargs_error(method, _METHOD_ARGS[method], method_args)
-  if err:
-    raise ValueError(err)
-  kw = {k: method_args.get(k) for k in _METHOD_ARGS[method]}
-  module = {"ar": autoregressive, "chain": chain, "loopspec": loopspec, "draft": draft, "lookup": lookup}[method]
-  return module.make_decoder(cfg, greedy=greedy, random_init=random_init, **kw)
+def _make_decoder(method, cfg, greedy: bool, random_init: bool, method_args: dict) -> common.Decoder:
+  """The Decoder of `method` (a name, spec or `Method`) with `method_args`, validated against `cfg`."""
+  m = methods.build(method, **method_args)
+  m.validate(cfg)
+  return m.make_decoder(cfg, greedy=greedy, random_init=random_init)
 
 
 def generate(
@@ -113,7 +97,7 @@ def generate(
     prompts,
     *,
     max_new_tokens: int,
-    method: str = "ar",
+    method="ar",
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -132,8 +116,10 @@ def generate(
     draft_model: Optional[LoopedModel] = None,
     ngram: Optional[int] = None,
 ) -> GenerateResult:
-  """Decodes `prompts` (lists of token ids) with method 'ar', 'chain' (d1, gamma), 'loopspec' (d1, d2),
-  'draft' (draft_model, gamma: a separate small model drafts) or 'lookup' (ngram, gamma: prompt lookup).
+  """Decodes `prompts` (lists of token ids) with `method`: a `Method` object (`lj.LoopSpec(d1=2, d2=8)`), or a
+  name or spec string whose arguments come as keywords or in the spec ('ar', 'chain' (d1, gamma), 'loopspec'
+  (d1, d2, lane_capacity, gate_mass), 'draft' (draft_model, gamma), 'lookup' (ngram, gamma); see
+  `loopspec_jax.methods`). A keyword the method does not take is a ValueError.
 
   Every method is lossless with respect to full-depth decoding. Returns new tokens per prompt and stats.
   `mesh`: a jax Mesh with axes 'data' (requests) and 'model' (heads, MLP, vocab); the batch is padded to a
@@ -165,11 +151,12 @@ def generate(
       "draft_model": draft_model,
       "ngram": ngram,
   }
-  if method == "draft" and draft_model is not None:
-    draft.check_compatible(model, draft_model)
-  decoder = _make_decoder(method, cfg, greedy, random_init, method_args)
-  if speculate_max_batch is not None and len(prompts) > speculate_max_batch and method != "ar":
-    decoder = _make_decoder("ar", cfg, greedy, random_init, {})  # large batches are compute-bound
+  spec = methods.build(method, **method_args)
+  spec.validate(cfg)
+  spec.check_target(model)
+  if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
+    spec = methods.AR()  # large batches are compute-bound
+  decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
   n_real = len(prompts)
   if mesh is not None:
     mesh = sharding.plan(mesh, sharding_rules)

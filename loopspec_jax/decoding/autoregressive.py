@@ -7,6 +7,7 @@ distributions), sampled through the shared logits processing and a per-(request,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.struct
@@ -16,6 +17,7 @@ import numpy as np
 
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import sampling
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -138,3 +140,13 @@ def incremental_readouts(params, tokens, *, cfg: ModelConfig, split: int):
       per_depth.append(logits[:, 0])
     outs.append(jnp.stack(per_depth))
   return jnp.stack(outs, axis=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class AR(Method):
+  """Autoregressive decoding at full depth R: the reference every other method equals."""
+
+  name = "ar"
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(cfg, greedy=greedy, random_init=random_init)

@@ -12,7 +12,9 @@ calls for (decoding/adaptive.py); drafting positions past the batch's largest ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Optional, Union
 
 import flax.struct
 import jax
@@ -22,6 +24,7 @@ import numpy as np
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.decoding import sampling
@@ -279,3 +282,19 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma
       init_kw={"cfg": cfg},
       loop_kw=loop_kw,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain(Method):
+  """Chain self-speculation: `gamma` drafts (an integer, or 'auto') from the depth-`d1` readout, verified at R."""
+
+  name = "chain"
+  positional = ("d1", "gamma")
+  d1: Optional[int] = None
+  gamma: Union[int, str, None] = None
+
+  def validate(self, cfg: ModelConfig) -> None:
+    validate(cfg, self.d1, self.gamma)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(cfg, greedy=greedy, random_init=random_init, d1=self.d1, gamma=self.gamma)

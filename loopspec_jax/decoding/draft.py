@@ -26,9 +26,10 @@ in the drafter's own head layout, and its KV cache like the target's (see `make_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from typing import Any
+from typing import Any, Optional, Union
 
 import flax.struct
 import jax
@@ -38,6 +39,7 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.models import kvcache
@@ -386,3 +388,23 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
       init_kw=init_kw,
       loop_kw=loop_kw,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Draft(Method):
+  """Draft-model speculation: a separate small `draft_model` (same tokenizer) drafts `gamma` tokens."""
+
+  name = "draft"
+  draft_model: Optional[LoopedModel] = dataclasses.field(default=None, compare=False, hash=False)
+  gamma: Union[int, str, None] = None
+
+  def validate(self, cfg: ModelConfig) -> None:
+    if self.draft_model is None:
+      raise ValueError("method='draft' needs draft_model=<a LoopedModel with the target's tokenizer>")
+    adaptive.parse_gamma("draft", self.gamma)
+
+  def check_target(self, model) -> None:
+    check_compatible(model, self.draft_model)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(cfg, greedy=greedy, random_init=random_init, draft_model=self.draft_model, gamma=self.gamma)

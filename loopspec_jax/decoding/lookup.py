@@ -12,7 +12,9 @@ accepted for uniformity and picks the compiled maximum, since drafts cost nothin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import draft
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import sharding
@@ -127,3 +130,20 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram, ga
       init_kw={"cfg": cfg},
       loop_kw={"cfg": cfg, "ngram": ngram, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init},
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup(Method):
+  """Prompt lookup: the continuation of the latest earlier match of the last `ngram` tokens, `gamma` drafts."""
+
+  name = "lookup"
+  positional = ("ngram", "gamma")
+  ngram: Optional[int] = None
+  gamma: Union[int, str, None] = None
+
+  def validate(self, cfg: ModelConfig) -> None:
+    validate_ngram(self.ngram)
+    adaptive.parse_gamma("lookup", self.gamma)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(cfg, greedy=greedy, random_init=random_init, ngram=self.ngram, gamma=self.gamma)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Optional
 
 import jax
 import numpy as np
@@ -10,6 +12,7 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.loopspec import state as S
 from loopspec_jax.decoding.loopspec.tick import decode_loop
 
@@ -72,3 +75,30 @@ def make_decoder(
       init_kw={"cfg": cfg, "shape": shape, "greedy": greedy},
       loop_kw={"cfg": cfg, "shape": shape, "greedy": greedy, "random_init": random_init},
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec(Method):
+  """LoopSpec: first proposals at depth `d1`, a gated second proposal at `d2` (None: none), verified at R while
+  later tokens are drafted; `lane_capacity` bounds the lane table, `gate_mass` tightens the sampled gate."""
+
+  name = "loopspec"
+  positional = ("d1", "d2")
+  d1: Optional[int] = None
+  d2: Optional[int] = None
+  lane_capacity: Optional[int] = None
+  gate_mass: Optional[float] = None
+
+  def validate(self, cfg: ModelConfig) -> None:
+    S.validate(cfg, self.d1, self.d2, self.lane_capacity, self.gate_mass)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(
+        cfg,
+        greedy=greedy,
+        random_init=random_init,
+        d1=self.d1,
+        d2=self.d2,
+        lane_capacity=self.lane_capacity,
+        gate_mass=self.gate_mass,
+    )

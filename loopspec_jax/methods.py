@@ -1,0 +1,95 @@
+"""The registry of decoding methods and the ONE parser of method specs.
+
+A method is a frozen dataclass (`decoding.method.Method`) defined in its own module; adding one means
+writing that module and adding its class to `_CLASSES` below. Everything that names methods (`generate`,
+the experiments' configs, the server, the lm-eval backend, the cost report) goes through `parse` / `build`.
+
+Spec syntax: 'name' or 'name:key=value,key=value' ('none' is None; numbers are read as int or float;
+'gamma=auto' stays a string); the leading values may also be given positionally in the order the class
+declares (`Method.positional`): 'loopspec:2,8' == 'loopspec:d1=2,d2=8'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Type, Union
+
+from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.autoregressive import AR
+from loopspec_jax.decoding.chain import Chain
+from loopspec_jax.decoding.draft import Draft
+from loopspec_jax.decoding.lookup import Lookup
+from loopspec_jax.decoding.loopspec.decoder import LoopSpec
+
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup)
+REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
+NAMES = tuple(REGISTRY)
+
+__all__ = ["Method", "REGISTRY", "NAMES", "build", "parse", "parse_list"] + [c.__name__ for c in _CLASSES]
+
+
+def method_class(name: str) -> Type[Method]:
+  if name not in REGISTRY:
+    raise ValueError(f"unknown method {name!r}; expected one of {NAMES}")
+  return REGISTRY[name]
+
+
+def build(method: Union[str, Method], **kwargs) -> Method:
+  """A `Method` from a name (or spec) and keyword arguments, or a `Method` as is.
+
+  Keywords that are None are ignored (generate's defaults); a keyword the method does not take is a
+  ValueError naming it, so nothing given is silently dropped."""
+  given = {k: v for k, v in kwargs.items() if v is not None}
+  if isinstance(method, Method):
+    if given:
+      raise ValueError(f"method={method.label} is a Method object: give its arguments to it, not {sorted(given)}")
+    return method
+  if not isinstance(method, str):
+    raise ValueError(f"method must be a name, a spec string or a Method object, got {type(method).__name__}")
+  base = parse(method)
+  cls = type(base)
+  allowed = {f.name for f in dataclasses.fields(cls)}
+  extra = sorted(k for k in given if k not in allowed)
+  if extra:
+    raise ValueError(f"method={cls.name!r} takes no {'/'.join(extra)} (its arguments: {sorted(allowed) or 'none'})")
+  return dataclasses.replace(base, **given)
+
+
+def parse(spec: Union[str, Method]) -> Method:
+  """'loopspec:d1=2,d2=8' (or 'loopspec:2,8') -> LoopSpec(d1=2, d2=8); a Method passes through."""
+  if isinstance(spec, Method):
+    return spec
+  name, _, rest = str(spec).strip().partition(":")
+  cls = method_class(name.strip())
+  fields = [f.name for f in dataclasses.fields(cls)]
+  kw, named = {}, False
+  for i, item in enumerate(filter(None, (x.strip() for x in rest.split(",")))):
+    key, sep, value = item.partition("=")
+    named = named or bool(sep)
+    if not sep:
+      if named or i >= len(cls.positional):
+        raise ValueError(f"method argument {item!r} of {spec!r} is not of the form name=value")
+      key, value = cls.positional[i], item
+    key = key.strip()
+    if key not in fields:
+      raise ValueError(f"method {cls.name!r} (spec {spec!r}) takes no {key!r}; its arguments: {fields or 'none'}")
+    kw[key] = _value(value.strip())
+  return cls(**kw)
+
+
+def parse_list(text) -> list:
+  """';'-separated specs (or a sequence of specs / Methods) -> [Method, ...]."""
+  items = text.split(";") if isinstance(text, str) else list(text)
+  return [parse(s) for s in items if not (isinstance(s, str) and not s.strip())]
+
+
+def _value(text: str):
+  """'4' -> 4, '0.25' -> 0.25, 'none' -> None, anything else stays a string ('auto')."""
+  if text.lower() == "none":
+    return None
+  for conv in (int, float):
+    try:
+      return conv(text)
+    except ValueError:
+      pass
+  return text
