@@ -79,7 +79,7 @@ case "$MODULE" in
   *.*) ;;
   *) MODULE="loopspec_jax.experiments.$MODULE" ;;
 esac
-CMD=("$PY" -m "$MODULE" "$@")
+CMD=("$PY" -P -m "$MODULE" "$@")  # -P: the checkout root must not shadow the installed package
 
 CPU_ENV=()
 if [[ -n "$CPU_DEVICES" ]]; then

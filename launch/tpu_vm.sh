@@ -83,7 +83,7 @@ run() {  # prints a command, runs it unless --dry-run
   fi
 }
 
-REMOTE_CMD="cd ~/$REMOTE_DIR && python3 -m$(printf ' %q' "$EXPERIMENT" "${EXP_ARGS[@]}")"
+REMOTE_CMD="cd ~/$REMOTE_DIR && python3 -P -m$(printf ' %q' "$EXPERIMENT" "${EXP_ARGS[@]}")"
 INSTALL_CMD="mkdir -p ~/$REMOTE_DIR && tar xzf ~/$(basename "$TARBALL") -C ~/$REMOTE_DIR && cd ~/$REMOTE_DIR && \
 python3 -m pip install -q -U 'jax[tpu]' -f https://storage.googleapis.com/jax-releases/libtpu_releases.html && \
 python3 -m pip install -q -e ."

@@ -12,8 +12,7 @@
   data/humaneval/HumanEval.jsonl(.gz) if present), in task-id order.
 - 'shakespeare': the held-out tail of tiny-shakespeare (last 5% of characters, the same cut as
   loopspec_jax/train/data.py, never trained on) split into consecutive `chunk_chars`-character chunks.
-Data directory: $LOOPSPEC_DATA_DIR if set, else `data/` beside the package (a source checkout), else `data/`
-under the current working directory (an installed package run from the checkout root, as CI does).
+Data directory: $LOOPSPEC_DATA_DIR if set, else the package's own `loopspec_jax/data/` (installed with it).
 """
 
 from __future__ import annotations
@@ -36,10 +35,7 @@ def data_dir() -> str:
   """The data directory (see the module docstring for the search order); raises if none exists."""
   env = os.environ.get("LOOPSPEC_DATA_DIR")
   candidates = [env] if env else []
-  candidates += [
-      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"),
-      os.path.join(os.getcwd(), "data"),
-  ]
+  candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
   for c in candidates:
     if c and os.path.isdir(c):
       return c

@@ -111,7 +111,7 @@ class FlagsTest(absltest.TestCase):
       os.chdir(cwd)
     self.assertEqual(rest, ["prog", "extra"])
     self.assertEqual((cfg.repeats, cfg.max_new_tokens, cfg.contraction), (2, 16, None))
-    _, cfg = self._parse(sweep, "--config=loopspec_jax/configs/sweeps/default.py:tiny", "--config.chain_d1=none")
+    _, cfg = self._parse(sweep, "--config=sweeps/default.py:tiny", "--config.chain_d1=none")
     self.assertEqual((cfg.model, cfg.chain_d1), ("random:huginn:tiny", None))
     with self.assertRaises(Exception):
       self._parse(sweep, "--config=sweeps/default.py:nosuchpreset")

@@ -1,6 +1,6 @@
 """Depth analysis, the (d1, d2, gamma) sweep and the analysis notebook, end to end on a tiny contractive model.
 
-One module fixture runs loopspec_jax/experiments/measure_depths.py and sweep.py in process (their
+One module fixture runs experiments/measure_depths.py and sweep.py in process (their
 configs/sweeps/*.py 'tiny' presets: random huginn:tiny, contraction 0.7, one or two 10-token prompts, 16 new
 tokens), the sweep first stopped after two rows (a killed sweep) with a torn line appended, then resumed. The
 tests check the cost identity and Theorem 1 on the engine's stats, resumability, the tables and the notebook.

@@ -114,7 +114,7 @@ def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
   ssh = [c for c in cmds if c.startswith(f"{g} ssh ls-test")]
   assert len(ssh) == 2 and all("--worker=all" in c for c in ssh)
   assert "pip" in ssh[0] and "install" in ssh[0]
-  assert "python3\\ -m\\ loopspec_jax.experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
+  assert "python3\\ -P\\ -m\\ loopspec_jax.experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
   assert "--recurse" in scp[-1] and "--worker=0" in scp[-1]
   assert cmds[-1] == f"{g} delete ls-test --zone=us-west4-a --quiet"
 

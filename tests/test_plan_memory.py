@@ -1,4 +1,4 @@
-"""loopspec_jax/experiments/plan_memory.py: per-device totals equal the summed eval_shape trees laid out by the rules.
+"""experiments/plan_memory.py: per-device totals equal the summed eval_shape trees laid out by the rules.
 
 Everything here is abstract (eval_shape, no allocation), so planning 8 devices runs on one CPU. The same
 totals are compared with real sharded arrays on 8 simulated devices in tests/test_sharding.py.

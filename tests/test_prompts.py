@@ -8,7 +8,7 @@ import pytest
 from helpers import ROOT
 from loopspec_jax import prompts as P
 
-DATA = os.path.join(ROOT, "data")
+DATA = os.path.join(ROOT, "loopspec_jax", "data")
 
 
 def rows(*path):

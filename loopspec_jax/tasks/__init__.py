@@ -1,4 +1,4 @@
-"""Offline lm-evaluation-harness task definitions (YAMLs beside this file, data copies in `data/`).
+"""Offline lm-evaluation-harness task definitions (YAMLs beside this file, data in the package's `loopspec_jax/data/`).
 
 `TASKS_DIR` is what to give the harness as `include_path` (`lm_eval --include_path <TASKS_DIR>` or
 `TaskManager(include_path=TASKS_DIR)`); `loopspec-evaluate` does it for you. The tasks mirror the upstream

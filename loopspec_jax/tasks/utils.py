@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 TASKS_DIR = os.path.dirname(os.path.abspath(__file__))
-DATA_DIR = os.path.join(TASKS_DIR, "data")
+DATA_DIR = os.path.join(os.path.dirname(TASKS_DIR), "data")  # the package's one copy of each data set
 CODE_TIMEOUT_S = 10.0
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _read_jsonl(path: str) -> list:
 
 
 def _resolve(path: str) -> str:
-  """A data file path: absolute as given, else relative to data/ beside this file."""
+  """A data file path: absolute as given, else relative to the package's data/ (loopspec_jax/data)."""
   return path if os.path.isabs(path) else os.path.join(DATA_DIR, path)
 
 

@@ -16,8 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DATA_DIR = os.path.join(ROOT, "data")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # loopspec_jax/data
 EOT = "<|endoftext|>"
 HELDOUT_FRACTION = 0.05
 SOURCES = ("shakespeare", "gsm8k", "stdlib")

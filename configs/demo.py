@@ -1,4 +1,4 @@
-"""Settings of the demo (`loopspec-demo`, loopspec_jax/experiments/demo.py).
+"""Settings of the demo (`loopspec-demo`, experiments/demo.py).
 
 loopspec-demo                                   # bundled tiny-raven, LoopSpec at its best known (d1, d2)
 loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro

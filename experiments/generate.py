@@ -3,7 +3,7 @@
 Loads the checkpoint (an HF directory, one saved by `loopspec_jax.save`, or a bundled model name), encodes the
 prompt (text through the checkpoint's tokenizer when it has one, else the comma-separated `prompt_ids`),
 decodes with the chosen method and prints the continuation (text or ids) and the decoding speed. Settings:
-loopspec_jax/configs/generate.py.
+configs/generate.py.
 """
 
 from __future__ import annotations

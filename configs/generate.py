@@ -1,4 +1,4 @@
-"""Settings of the `loopspec-generate` console script (loopspec_jax/experiments/generate.py).
+"""Settings of the `loopspec-generate` console script (experiments/generate.py).
 
 Override fields on the command line, e.g.
   loopspec-generate --config.prompt_ids=1,2,3 --config.max_new_tokens=16

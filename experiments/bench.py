@@ -8,7 +8,7 @@ goes (loop iterations: AR tokens, chain rounds, LoopSpec ticks; ms per iteration
 commit sources and gate-open rate.
 
   loopspec-bench                                          # configs/bench/default.py
-  loopspec-bench --config=bench/bundled.py:quick          # a config of loopspec_jax/configs/, a preset
+  loopspec-bench --config=bench/bundled.py:quick          # a config of configs/, a preset
   python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
   loopspec-bench --config=bench/bundled.py:baselines     # + draft model, prompt lookup, gamma=auto
 

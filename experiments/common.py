@@ -2,7 +2,7 @@
 
 Conventions of all experiments (the `loopspec-*` console scripts and `python -m loopspec_jax.experiments.X`):
   * settings are one ml_collections config file per experiment, `--config=PATH[:VARIANT]`; PATH may be relative to
-    the working directory or to the package's `loopspec_jax/configs/` folder (so `--config=bench/bundled.py:quick`
+    the working directory or to the package's `configs/` folder (so `--config=bench/bundled.py:quick`
     works from any directory), and VARIANT is only a named preset (the file's `get_config(arg)`);
   * the one override syntax is `--config.<field>=<value>`;
   * "none" is spelled `none` everywhere on the command line and in spec strings (`--config.d2=none`,
@@ -55,11 +55,11 @@ def config_path(relative: str) -> str:
 
 
 def resolve_config_arg(value: str) -> str:
-  """'PATH[:VARIANT]' with PATH made absolute: as given if it exists, else inside loopspec_jax/configs/."""
+  """'PATH[:VARIANT]' with PATH made absolute: as given if it exists, else inside configs/."""
   path, sep, variant = value.partition(":")
   if os.path.exists(path):
     return value
-  for prefix in ("loopspec_jax/configs/", "configs/"):
+  for prefix in ("configs/", "configs/"):
     if path.startswith(prefix):
       path = path[len(prefix) :]
   candidate = config_path(path)
@@ -110,6 +110,8 @@ def parse_flags(own: flags.FlagValues, argv: Sequence[str]) -> List[str]:
   if any(a in ("--help", "-h", "--helpshort", "-?") for a in argv[1:]):
     print(own.get_help())
     print("Override any config field with --config.<field>=<value>; 'none' spells an absent value.")
+    print(f"absl's own flags (--verbosity, ...): {os.path.basename(argv[0])} --helpfull")
+    sys.exit(0)  # help asked for is not an error
   saved = sys.argv
   sys.argv = list(argv)  # config_flags looks for the --config.* overrides in sys.argv
   try:

@@ -1,4 +1,4 @@
-"""Train a small looped model: `loopspec-train --config=train/tiny_raven.py` (configs in loopspec_jax/configs/).
+"""Train a small looped model: `loopspec-train --config=train/tiny_raven.py` (configs in configs/).
 
 Builds (or loads from the cache) the offline corpus and tokenizer, trains with periodic orbax checkpoints in
 `config.workdir` (a rerun resumes from the last one with the same data order), then exports the model with

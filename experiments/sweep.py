@@ -19,7 +19,7 @@ per-draft acceptance alpha (accepted / examined drafts), drafts offered per pass
 (`decoding/draft.py` `summarize`, recomputed from the summed counts), and a table compares every method of the
 group (AR, chain, draft, lookup, LoopSpec) by those and the wall-clock ratio.
 
-  loopspec-sweep                                    # loopspec_jax/configs/sweeps/default.py
+  loopspec-sweep                                    # configs/sweeps/default.py
   loopspec-sweep --config=sweeps/default.py:quick   # a few configurations
 """
 

@@ -1,4 +1,4 @@
-"""Settings of the memory planner (`loopspec-plan-memory`, loopspec_jax/experiments/plan_memory.py).
+"""Settings of the memory planner (`loopspec-plan-memory`, experiments/plan_memory.py).
 
   loopspec-plan-memory
   loopspec-plan-memory --config.models=huginn:0125 --config.meshes=1x8,2x4 --config.batches=1,8 \

@@ -8,7 +8,7 @@ depths_<task>_<sampling>.json (per-depth means with standard errors across promp
 fit quality, Theorem 2's optimum and best feasible pair), depths_<task>_<sampling>.png, and depth_fits.md (one
 table over every (task, sampling) of the run).
 
-  loopspec-measure-depths                                 # loopspec_jax/configs/sweeps/depths.py
+  loopspec-measure-depths                                 # configs/sweeps/depths.py
   loopspec-measure-depths --config=sweeps/depths.py:tiny  # test-sized
 """
 

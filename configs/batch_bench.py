@@ -1,4 +1,4 @@
-"""Settings of the batch-size benchmark (`loopspec-batch-bench`, loopspec_jax/experiments/batch_bench.py).
+"""Settings of the batch-size benchmark (`loopspec-batch-bench`, experiments/batch_bench.py).
 
 loopspec-batch-bench
 loopspec-batch-bench --config.batch_sizes=1,4 --config.max_new_tokens=16      # quick

@@ -14,7 +14,7 @@ table gives the largest batch that fits per (model, mesh, method).
       --config.meshes=1x8,2x4 --config.batches=1,2,4,8 --config.device_memory_gib=16 \
       --config.largest_batch_models=huginn:0125,ouro:1p4b,ouro:2p6b
 
-Settings: loopspec_jax/configs/plan_memory.py.
+Settings: configs/plan_memory.py.
 """
 
 from __future__ import annotations

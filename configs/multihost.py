@@ -1,4 +1,4 @@
-"""Settings of the multi-process check (loopspec_jax/experiments/multihost_check.py).
+"""Settings of the multi-process check (experiments/multihost_check.py).
 
   launch/local.sh --processes 2 --cpu-devices 2 experiments.multihost_check               # this config
   launch/local.sh --processes 2 --cpu-devices 2 experiments.multihost_check --config=multihost.py:quick

@@ -21,7 +21,7 @@ the others go on to their next collective, which fails, and exit with `distribut
 one-line message (or are stopped by the coordination service after the heartbeat timeout).
 
   launch/local.sh --processes 2 --cpu-devices 2 experiments.multihost_check --config.max_new_tokens=8
-Settings: loopspec_jax/configs/multihost.py.
+Settings: configs/multihost.py.
 """
 
 from __future__ import annotations

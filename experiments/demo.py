@@ -4,7 +4,7 @@
   loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro, (1, 2)
   loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8
 
-Settings: loopspec_jax/configs/demo.py. Prints the text of each method, decode tokens/s (after prefill,
+Settings: configs/demo.py. Prints the text of each method, decode tokens/s (after prefill,
 compiled; methods interleaved per prompt, medians of `repeats` calls), the wall-clock ratio, the mean accepted
 length, where the time goes (ticks, tokens per tick, ms per
 tick beside AR's ms per token), the same for LoopSpec with a single proposal (d1, -) when d2 is set, and whether

@@ -12,7 +12,7 @@ largest B where it still pays, and batches of more than K requests decode with A
   loopspec-batch-bench --config.batch_sizes=1,4 --config.max_new_tokens=16      # quick
   loopspec-batch-bench --config.mesh=v5e_8        # sharded: a configs/mesh module, optionally ':DATAxMODEL'
 
-Settings: loopspec_jax/configs/batch_bench.py.
+Settings: configs/batch_bench.py.
 """
 
 from __future__ import annotations

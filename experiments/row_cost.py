@@ -25,7 +25,7 @@ weights is all LoopSpec has. Writes row_cost.json / .md to out_dir.
   loopspec-row-cost                                    # the bundled models
   loopspec-row-cost --config=row_cost.py:memory_bound  # huginn:bench_e512 (weights larger than the caches)
 
-Settings: loopspec_jax/configs/row_cost.py.
+Settings: configs/row_cost.py.
 """
 
 from __future__ import annotations

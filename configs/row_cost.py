@@ -1,4 +1,4 @@
-"""Settings of the row-cost bound (`loopspec-row-cost`, loopspec_jax/experiments/row_cost.py).
+"""Settings of the row-cost bound (`loopspec-row-cost`, experiments/row_cost.py).
 
   loopspec-row-cost                                    # the bundled models
   loopspec-row-cost --config=row_cost.py:memory_bound  # huginn:bench_e512, weights larger than the caches

@@ -1,6 +1,6 @@
 """Benchmark of the bundled trained models on the real prompt sets (issue: trained looped models).
 
-  loopspec-bench --config=bench/bundled.py          # (paths relative to loopspec_jax/configs/ work anywhere)
+  loopspec-bench --config=bench/bundled.py          # (paths relative to configs/ work anywhere)
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
   loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
   loopspec-bench --config=bench/bundled.py:targets  # the README table: 4 demo + 4 GSM8K prompts

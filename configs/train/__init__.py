@@ -1,0 +1,1 @@
+"""Training configs (`loopspec-train --config=train/<name>.py`, paths relative to configs/)."""

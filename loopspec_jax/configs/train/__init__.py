@@ -1,1 +1,0 @@
-"""Training configs (`loopspec-train --config=train/<name>.py`, paths relative to loopspec_jax/configs/)."""
