@@ -31,6 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 import loopspec_jax
+from loopspec_jax import methods as methods_lib
 from loopspec_jax import prompts as prompt_sets
 from loopspec_jax.experiments import demo
 from loopspec_jax.experiments import common
@@ -41,80 +42,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
-_DRAFTERS: dict = {}  # draft_model spec -> LoopedModel (loaded once per process)
-SPECULATIVE = ("chain", "draft", "lookup")
-
-
-def parse_method(spec: str) -> tuple:
-  """`common.parse_method` plus the baselines' non-integer values: gamma=auto and draft_model=<name or dir>."""
-  name, _, rest = spec.strip().partition(":")
-  special, plain = {}, []
-  for item in filter(None, (x.strip() for x in rest.split(","))):
-    k, _, v = item.partition("=")
-    if k.strip() == "draft_model" or v.strip() == "auto":
-      special[k.strip()] = v.strip()
-    else:
-      plain.append(item)
-  name, kw = common.parse_method(name + (":" + ",".join(plain) if plain else ""))
-  return name, {**kw, **special}
-
-
-def method_label(name: str, kw: dict) -> str:
-  """`common.method_label` without the drafter's name (the table's text names it): 'draft(gamma=4)'."""
-  return common.method_label(name, {k: v for k, v in kw.items() if k != "draft_model"})
-
-
-def _resolve(kw: dict) -> dict:
-  spec = kw.get("draft_model")
-  if isinstance(spec, str):
-    if spec not in _DRAFTERS:
-      _DRAFTERS[spec] = loopspec_jax.load(spec)
-    kw = dict(kw, draft_model=_DRAFTERS[spec])
-  return kw
-
-
-def aggregate(stats: list, r: int) -> dict:
-  """`common.aggregate` plus the speculative baselines' columns, from the per-prompt stats of one method:
-  tokens_per_pass (tokens per full-depth verify pass: AR 1, chain / draft / lookup tokens per round),
-  acceptance (accepted / offered drafts; LoopSpec: the share of commits taken from a proposal) and
-  draft_cost_share (drafting's share of the layer calls, weighted by rounds)."""
-  method = stats[0]["method"]
-  auto = stats[0].get("gamma") == "auto"
-  tot = lambda k: sum(s.get(k, 0) for s in stats)
-  # common.aggregate knows AR, fixed-gamma chain and LoopSpec; the others get its method-independent fields.
-  plain = method in ("draft", "lookup") or (method == "chain" and auto)
-  out = common.aggregate([dict(s, method="other") for s in stats] if plain else stats, r)
-  n, c = out["tokens"], out["commits"]
-  if method in SPECULATIVE:
-    rounds = tot("rounds")
-    drafted = tot("drafted") if (method != "chain" or auto) else rounds * stats[0]["gamma"]
-    out.update(
-        rounds=rounds,
-        tokens_per_round=n / max(rounds, 1),
-        tokens_per_pass=n / max(rounds, 1),
-        acceptance=c["first"] / max(drafted, 1),
-        acceptance_rate=c["first"] / max(drafted, 1),
-        draft_cost_share=sum(s.get("draft_cost_share", 0.0) * s["rounds"] for s in stats) / max(rounds, 1),
-        mean_gamma=drafted / max(rounds, 1),
-    )
-    if plain:  # tokens per R-step execution, summed: per prompt tokens / mean_accepted_length R-step units
-      out["mean_accepted_length"] = n / max(sum(s["tokens_generated"] / s["mean_accepted_length"] for s in stats), 1e-9)
-  elif method == "ar":
-    out.update(tokens_per_pass=1.0, acceptance=None, draft_cost_share=0.0)
-  else:  # LoopSpec: no verify pass of its own; its accepted length is on the mean-accepted-length column
-    out.update(tokens_per_pass=None, acceptance=(c["first"] + c["second"]) / max(n, 1), draft_cost_share=None)
-  return out
-
-
-def run_method(model, prompts, name, kw, sampling, max_new_tokens, seed):
-  """Decodes every prompt alone (request id = its index); per-prompt stats dicts and token lists."""
+def run_method(model, prompts, method, sampling, max_new_tokens, seed):
+  """Decodes every prompt alone (request id = its index); per-prompt `DecodeStats` and token lists."""
   stats, outputs = [], []
-  kw = _resolve(kw)
   for i, p in enumerate(prompts):
     res = loopspec_jax.generate(
-        model, [p], max_new_tokens=max_new_tokens, method=name, seed=seed, request_ids=[i], **sampling, **kw
+        model, [p], max_new_tokens=max_new_tokens, method=method, seed=seed, request_ids=[i], **sampling
     )
-    stats.append(res.stats)
+    stats.append(res.counts)
     outputs.append(res.tokens[0])
   return stats, outputs
 
@@ -131,9 +66,8 @@ def benchmark(
     progress: bool = True,
 ) -> dict:
   """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
-  r = model.config.recurrence
-  parsed = [parse_method(m) for m in methods]
-  labels = [method_label(n, kw) for n, kw in parsed]
+  parsed = methods_lib.parse_list(methods)
+  labels = [m.label for m in parsed]
   if labels[0] != "ar":
     raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
   times = {l: [] for l in labels}
@@ -141,27 +75,27 @@ def benchmark(
   aggs = {}
   outputs = {}
   bar = tqdm(total=len(parsed) * (repeats + 1), desc="bench", disable=not progress)
-  for (name, kw), label in zip(parsed, labels):  # warm-up: compile every configuration
-    st, outs = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
+  for method, label in zip(parsed, labels):  # warm-up: compile every configuration
+    st, outs = run_method(model, prompts, method, sampling, max_new_tokens, seed)
     outputs[label] = outs
     bar.update(1)
   for rep in range(repeats):
     order = list(range(len(parsed)))
     order = order[rep % len(order) :] + order[: rep % len(order)]
     for i in order:
-      (name, kw), label = parsed[i], labels[i]
-      st, _ = run_method(model, prompts, name, kw, sampling, max_new_tokens, seed)
-      agg = aggregate(st, r)
+      label = labels[i]
+      st, _ = run_method(model, prompts, parsed[i], sampling, max_new_tokens, seed)
+      agg = common.total(st)
       times[label].append(agg["decode_seconds"])
       for j, s in enumerate(st):
-        per_prompt[label][j].append(s["decode_seconds"])
+        per_prompt[label][j].append(s.totals["decode_seconds"])
       aggs[label] = agg
       bar.update(1)
   bar.close()
   results = {}
   for label in labels:
     ratios = [a / b for a, b in zip(times["ar"], times[label])]
-    res = dict(aggs[label])
+    res = dict(aggs[label], method=label)  # the label names the configuration ('loopspec(d1=2,d2=8)')
     res["decode_seconds_median"] = statistics.median(times[label])
     res["decode_seconds_all"] = times[label]
     res["tokens_per_second_median"] = res["tokens"] / max(res["decode_seconds_median"], 1e-9)
@@ -260,7 +194,7 @@ def main(argv):
             model, prompts, methods, sampling, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed
         )
         for label, r in res.items():
-          rows.append({"model": name, "task": task, "sampling": samp_name, "method": label, **r})
+          rows.append({"model": name, "task": task, "sampling": samp_name, **r})
         common.release_compiled()  # a long bench ran out of memory mappings for JIT code
   table = baselines_table(rows) if cfg.get("table") == "baselines" else markdown_table(rows)
   print(table)

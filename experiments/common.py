@@ -34,6 +34,7 @@ from ml_collections import config_flags
 import numpy as np
 
 import loopspec_jax
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax import api
 from loopspec_jax import configs
 from loopspec_jax.analysis import depth_metrics
@@ -248,6 +249,12 @@ def method_label(name: str, kw: dict) -> str:
   if not kw:
     return name
   return name + "(" + ",".join(f"{k}={v}" for k, v in kw.items()) + ")"
+
+
+def total(counts: list) -> dict:
+  """Every figure of a list of runs of one method: their `DecodeStats` added, then `summary()` (the method's
+  own class derives its figures from the summed raw counts)."""
+  return DecodeStats.total(list(counts)).summary()
 
 
 def aggregate(stats: List[dict], r: int) -> dict:

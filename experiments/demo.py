@@ -68,8 +68,8 @@ def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, 
     for label, calls in timed.items():
       res = sorted(calls, key=lambda r: r.stats["decode_seconds"])[len(calls) // 2]
       out[label][0].append(res.tokens[0])
-      out[label][1].append(res.stats)
-  return {label: (toks, common.aggregate(stats, model.config.recurrence)) for label, (toks, stats) in out.items()}
+      out[label][1].append(res.counts)
+  return {label: (toks, common.total(counts)) for label, (toks, counts) in out.items()}
 
 
 def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:

@@ -291,7 +291,8 @@ def test_mismatched_drafter_is_refused():
     "args, match",
     [
         (dict(method="draft", gamma=2), "draft_model"),
-        (dict(method="draft", draft_model="tiny-raven-draft", gamma=2), "LoopedModel"),
+        (dict(method="draft", draft_model=1, gamma=2), "LoopedModel"),
+        (dict(method="draft", draft_model="tiny-raven-draft", gamma=2), "vocabulary"),  # a name is loaded
         (dict(method="lookup", gamma=0), "gamma"),
         (dict(method="lookup", gamma="fast"), "gamma"),
         (dict(method="lookup", gamma=2, ngram=0), "ngram"),

@@ -222,7 +222,12 @@ def test_engine_on_a_mesh_shards_slots_over_data():
 
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   out = subprocess.run(
-      [sys.executable, "-P", "-c", _MESH_WORKER], cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=1500
+      [sys.executable, "-P", "-c", _MESH_WORKER],
+      cwd=helpers.ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=1500,
   )
   assert out.returncode == 0, out.stderr[-4000:]
   rep = json.loads(out.stdout.strip().splitlines()[-1])

@@ -18,6 +18,7 @@ import pytest
 
 import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.decoding import autoregressive, chain, common
@@ -405,13 +406,12 @@ def test_pad_and_drop_requests():
   assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
   prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
   assert prompts == [[1, 2], [3], [0], [0]] and rid == [5, 9, 10, 11] and n == 2
-  res = api.GenerateResult(
-      [[1, 2], [3], [4], [5]],
-      {"batch": 4, "tokens_generated": 5, "decode_seconds": 1.0, "per_request": {"ticks": [1, 2, 3, 4]}},
-  )
+  counts = DecodeStats("ar", {"recurrence": 4}, {"tokens": [2, 1, 1, 1], "restart": [2, 1, 1, 1]}, {"decode_seconds": 1.0})
+  res = api.GenerateResult([[1, 2], [3], [4], [5]], counts.summary(), counts)
   out = sharding.drop_padding(res, 2)
   assert out.tokens == [[1, 2], [3]] and out.stats["tokens_generated"] == 3 and out.stats["padded_batch"] == 4
-  assert out.stats["per_request"]["ticks"] == [1, 2]
+  assert out.stats["batch"] == 2 and out.stats["tokens_per_second"] == 3.0
+  assert out.counts.per_request["restart"] == [2, 1] and out.counts.totals["padded_requests"] == 2
 
 
 def test_mesh_configs_build_rules():

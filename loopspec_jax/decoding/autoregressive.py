@@ -95,8 +95,10 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
 
 
 def summarize(st: DecodeState, cfg: ModelConfig) -> common.DecodeStats:
-  n = int(np.asarray(st.n_new).sum())
-  return common.DecodeStats.of_loop("ar", st, cfg.recurrence, commits={"first": 0, "second": 0, "restart": n})
+  """Raw counts: every AR token is a restart at depth 0."""
+  return common.DecodeStats.of_loop(
+      "ar", st, cfg.recurrence, settings={"recurrence": cfg.recurrence}, per_request={"restart": st.n_new}
+  )
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
@@ -150,3 +152,7 @@ class AR(Method):
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(cfg, greedy=greedy, random_init=random_init)
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    return {"tokens_per_pass": 1.0, "acceptance": None, "draft_cost_share": 0.0}

@@ -225,42 +225,29 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
 
 
 def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int, auto: bool = False) -> common.DecodeStats:
-  """Chain stats. With gamma="auto" the acceptance rate is per offered draft, and the critical path of a round
-  that offered g drafts is (g + 1) d1 + R - d1 recurrent steps (per request)."""
+  """Raw counts of a chain run (figures: `Chain.derived`). A draft is offered per position up to the
+  request's gamma; every committed token that is not an accepted draft is a restart."""
   r = cfg.recurrence
-  n = int(np.asarray(st.n_new).sum())
-  rounds = int(np.asarray(st.rounds).sum())
-  accepted = int(np.asarray(st.accepted).sum())
-  drafted = int(np.asarray(st.drafted).sum())
-  seq_steps = theory.chain_round_steps(r, d1, gamma)
-  if auto:
-    path = (drafted + rounds) * d1 + rounds * (r - d1)
-    mal = tpr = r * n / max(path, 1)
-  else:
-    mal, tpr = theory.chain_accepted_length(r, d1, gamma, n, rounds), n * r / max(rounds * seq_steps, 1)
-  draft_calls = (drafted + rounds) * adaptive.layer_calls(cfg, d1)
-  verify_calls = rounds * (adaptive.layer_calls(cfg, r) - adaptive.layer_calls(cfg, d1, coda=False))
-  per_request = {"rounds": np.asarray(st.rounds).tolist(), "accepted": np.asarray(st.accepted).tolist()}
-  extras = {
-      "d1": d1,
-      "gamma": "auto" if auto else gamma,
-      "rounds": rounds,
-      "tokens_per_round": n / max(rounds, 1),
-      "acceptance_rate": accepted / max(drafted if auto else rounds * gamma, 1),
-      "draft_cost_share": draft_calls / max(draft_calls + verify_calls, 1),
-      "per_request": per_request,
-  }
-  if auto:
-    per_request["drafted"] = np.asarray(st.drafted).tolist()
-    extras.update(gamma_max=gamma, drafted=drafted, mean_gamma=drafted / max(rounds, 1))
+  drafted = st.drafted if auto else st.rounds * gamma
   return common.DecodeStats.of_loop(
       "chain",
       st,
-      seq_steps,
-      mean_accepted_length=mal,
-      tokens_per_r_steps=tpr,
-      commits={"first": accepted, "second": 0, "restart": n - accepted},
-      extras=extras,
+      theory.chain_round_steps(r, d1, gamma),
+      settings={
+          "recurrence": r,
+          "d1": d1,
+          "gamma": "auto" if auto else gamma,
+          "gamma_max": gamma,
+          "draft_layer_calls": adaptive.layer_calls(cfg, d1),  # per drafted position
+          "verify_layer_calls": adaptive.layer_calls(cfg, r) - adaptive.layer_calls(cfg, d1, coda=False),  # per round
+      },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "drafted": drafted,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
   )
 
 
@@ -298,3 +285,29 @@ class Chain(Method):
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(cfg, greedy=greedy, random_init=random_init, d1=self.d1, gamma=self.gamma)
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    """Accepted length on the release's scale (R * tokens / recurrent steps on the critical path: a round that
+    offered g drafts costs (g + 1) d1 + R - d1 steps), acceptance per offered draft, drafting's share of the
+    layer calls."""
+    st, n = stats.settings, stats.tokens
+    r, d1, g = st["recurrence"], st["d1"], st["gamma_max"]
+    rounds, accepted, drafted = stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
+    if st["gamma"] == "auto":
+      mal = tpr = r * n / max((drafted + rounds) * d1 + rounds * (r - d1), 1)
+    else:
+      mal = theory.chain_accepted_length(r, d1, g, n, rounds) if n else 0.0
+      tpr = n * r / max(rounds * theory.chain_round_steps(r, d1, g), 1)
+    draft, verify = (drafted + rounds) * st["draft_layer_calls"], rounds * st["verify_layer_calls"]
+    out = {
+        "mean_accepted_length": mal,
+        "tokens_per_r_steps": tpr,
+        "tokens_per_round": n / max(rounds, 1),
+        "acceptance_rate": accepted / max(drafted, 1),
+        "draft_cost_share": draft / max(draft + verify, 1),
+    }
+    out.update(tokens_per_pass=out["tokens_per_round"], acceptance=out["acceptance_rate"])
+    if st["gamma"] == "auto":
+      out["mean_gamma"] = drafted / max(rounds, 1)
+    return out

@@ -21,6 +21,7 @@ import numpy as np
 
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import sampling
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import sharding
@@ -243,53 +244,12 @@ def batch_prompts(prompts: list, tp: int):
 # ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class GenerateResult:
+  """New tokens per prompt, the raw counts of the run (`counts`, a typed `DecodeStats` that adds across runs)
+  and every figure derived from them (`stats`: `counts.summary()`)."""
+
   tokens: list  # new tokens per prompt (list of lists)
-  stats: dict  # DecodeStats.as_dict(): the common fields, then the method's extras
-
-
-@dataclasses.dataclass
-class DecodeStats:
-  """Statistics of one `generate` call; the first fields are the same for every method.
-
-  mean_accepted_length: tokens per full R-step execution, R * tokens / (recurrent steps on the critical
-  path): 1 for AR; the release's cost identity for LoopSpec; R * tokens / (rounds * ((gamma+1) d1 + R - d1))
-  for chain. commits: where each committed token's next lane came from (first / second proposal, or a
-  restart at depth 0; AR commits are all restarts, chain's accepted drafts are 'first').
-  """
-
-  method: str
-  batch: int
-  tokens_generated: int
-  prefill_seconds: float = 0.0
-  decode_seconds: float = 0.0
-  tokens_per_second: float = 0.0
-  ticks: int = 0  # iterations of the decode loop (AR: tokens, chain: rounds, LoopSpec: ticks)
-  core_step_calls: int = 0  # batched core-step calls (each over the whole batch)
-  core_step_calls_per_token: float = 0.0
-  mean_accepted_length: float = 1.0
-  tokens_per_r_steps: float = 1.0  # R * tokens / (iterations * core steps per iteration), per request
-  commits: dict = dataclasses.field(default_factory=lambda: {"first": 0, "second": 0, "restart": 0})
-  gate_open_rate: float = 0.0
-  skipped_spawns: int = 0
-  extras: dict = dataclasses.field(default_factory=dict)  # method-specific fields (d1, gamma, lanes, ...)
-
-  @classmethod
-  def of_loop(cls, method: str, state, steps_per_iteration: int, **fields) -> "DecodeStats":
-    """The fields every final loop state gives (batch, tokens, iterations); the method's own as keywords."""
-    iters = int(np.asarray(state.iterations))
-    return cls(
-        method=method,
-        batch=int(state.n_new.shape[0]),
-        tokens_generated=int(np.asarray(state.n_new).sum()),
-        ticks=iters,
-        core_step_calls=iters * steps_per_iteration,
-        **fields,
-    )
-
-  def as_dict(self) -> dict:
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
-    out.update(self.extras)
-    return out
+  stats: dict  # counts.summary()
+  counts: Optional[DecodeStats] = None
 
 
 def collect_tokens(tokens, lengths0, n_new) -> list:
@@ -306,7 +266,7 @@ class Decoder:
   """How to run one decoding method (built by each decoder module's `make_decoder`).
 
   init(cache, tokens, lengths, sp) -> state; loop(params, state, sp) -> state (one jitted while_loop);
-  stats(state) -> DecodeStats (timings are filled in by `run_decoder`). Both init and loop may be
+  stats(state) -> DecodeStats of raw counts (decoding/stats.py; timings are filled in by `run_decoder`). Both init and loop may be
   entries of `sharding.ENTRY_POINTS` taking their further arguments as keywords (`init_kw`, `loop_kw`): static
   settings (cfg, shape, greedy, ...) and, for method='draft', the drafter's parameters (traced, an argument
   kind of the entry point).
@@ -372,12 +332,9 @@ def run_decoder(
   out = sharding.entry(decoder.loop, mesh)(params, state, sp, **decoder.loop_kw)
   jax.block_until_ready(out.tokens)
   t2 = time.perf_counter()
-  stats = decoder.stats(out)
-  stats.prefill_seconds = t1 - t0
-  stats.decode_seconds = t2 - t1
-  stats.tokens_per_second = stats.tokens_generated / max(t2 - t1, 1e-9)
-  stats.core_step_calls_per_token = stats.core_step_calls * stats.batch / max(stats.tokens_generated, 1)
-  return GenerateResult(collect_tokens(out.tokens, np.asarray(len_arr), out.n_new), stats.as_dict())
+  counts = decoder.stats(out)
+  counts.totals.update(prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
+  return GenerateResult(collect_tokens(out.tokens, np.asarray(len_arr), out.n_new), counts.summary(), counts)
 
 
 def method_kwargs_error(method: str, allowed: Sequence[str], given: dict) -> Optional[str]:

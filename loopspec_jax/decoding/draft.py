@@ -267,52 +267,56 @@ def fresh_state(cache, dcache, tokens, lengths) -> SpecState:
 
 
 def summarize(
-    st: SpecState, cfg: ModelConfig, method: str, gamma, gamma_max: int, draft_cost: float, extras: dict
+    st: SpecState, cfg: ModelConfig, method: str, gamma, gamma_max: int, draft_cost: float, settings: dict
 ) -> common.DecodeStats:
-  """DecodeStats of a draft / lookup run.
-
-  mean_accepted_length = tokens_per_round = tokens per full-depth verify pass (a round's critical path is one
-  R-step pass of the target); acceptance_rate = accepted / offered drafts (chain's definition); alpha =
-  accepted / examined drafts (those verification looked at: the accepted ones and the first rejected one),
-  the per-draft acceptance probability a of E[tokens per pass] = (1 - a^(gamma+1)) / (1 - a);
-  draft_cost_share = drafting's share of the layer calls per row (drafter steps x its layer calls against
-  verify passes x the target's; 0 for lookup).
-  """
-  n = int(np.asarray(st.n_new).sum())
-  rounds = int(np.asarray(st.rounds).sum())
-  accepted = int(np.asarray(st.accepted).sum())
-  drafted = int(np.asarray(st.drafted).sum())
-  examined = int(np.asarray(st.examined).sum())
-  iters = int(np.asarray(st.iterations))
-  d_calls = int(np.asarray(st.draft_steps)) * draft_cost
-  v_calls = iters * adaptive.layer_calls(cfg, cfg.recurrence)
-  tpr = n / max(rounds, 1)
+  """Raw counts of a draft / lookup run (figures: `draft_figures`). `draft_cost`: the drafter's layer calls
+  per drafting step (0 for lookup); every verify pass costs the target's R-step layer calls."""
   return common.DecodeStats.of_loop(
       method,
       st,
       cfg.recurrence,
-      mean_accepted_length=tpr,
-      tokens_per_r_steps=tpr,
-      commits={"first": accepted, "second": 0, "restart": n - accepted},
-      extras={
-          **extras,
+      settings={
+          **settings,
+          "recurrence": cfg.recurrence,
           "gamma": gamma,
           "gamma_max": gamma_max,
-          "rounds": rounds,
-          "tokens_per_round": tpr,
-          "acceptance_rate": accepted / max(drafted, 1),
-          "alpha": accepted / max(examined, 1),
-          "drafted": drafted,
-          "mean_gamma": drafted / max(rounds, 1),
-          "draft_cost_share": d_calls / max(d_calls + v_calls, 1e-9),
-          "per_request": {
-              "rounds": np.asarray(st.rounds).tolist(),
-              "accepted": np.asarray(st.accepted).tolist(),
-              "drafted": np.asarray(st.drafted).tolist(),
-              "examined": np.asarray(st.examined).tolist(),
-          },
+          "draft_layer_calls": draft_cost,
+          "verify_layer_calls": adaptive.layer_calls(cfg, cfg.recurrence),
       },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "drafted": st.drafted,
+          "examined": st.examined,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
+      totals={"draft_steps": st.draft_steps},
   )
+
+
+def draft_figures(stats) -> dict:
+  """Figures of a draft / lookup run. mean_accepted_length = tokens_per_round = tokens per full-depth verify
+  pass (a round's critical path is one R-step pass of the target); acceptance_rate = accepted / offered
+  drafts (chain's definition); alpha = accepted / examined drafts (the accepted ones and the first rejected
+  one), the per-draft acceptance probability a of E[tokens per pass] = (1 - a^(gamma+1)) / (1 - a);
+  draft_cost_share = drafting's share of the layer calls per row (0 for lookup)."""
+  st, n = stats.settings, stats.tokens
+  rounds, accepted, drafted = stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
+  d_calls = stats.totals.get("draft_steps", 0) * st["draft_layer_calls"]
+  v_calls = stats.totals.get("iterations", 0) * st["verify_layer_calls"]
+  tpr = n / max(rounds, 1)
+  return {
+      "mean_accepted_length": tpr,
+      "tokens_per_r_steps": tpr,
+      "tokens_per_round": tpr,
+      "tokens_per_pass": tpr,
+      "acceptance_rate": accepted / max(drafted, 1),
+      "acceptance": accepted / max(drafted, 1),
+      "alpha": accepted / max(stats.count("examined"), 1),
+      "mean_gamma": drafted / max(rounds, 1),
+      "draft_cost_share": d_calls / max(d_calls + v_calls, 1e-9),
+  }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -365,10 +369,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
   # dparams travel as a keyword (traced, not static): init / loop stay the registered entry points themselves.
   init_kw = {"dparams": dparams, "cfg": cfg, "dcfg": dcfg}
   loop_kw = dict(init_kw, gamma=g, auto=auto, greedy=greedy, random_init=random_init)
-  extras = {
-      "draft_model": draft_model.source or dcfg.family,
-      "draft_layer_calls": adaptive.layer_calls(dcfg, dcfg.recurrence),
-  }
+  settings = {"draft_model": draft_model.source or dcfg.family}
   return common.Decoder(
       name="draft",
       readout_depths=(cfg.recurrence,),
@@ -383,11 +384,18 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
           gamma="auto" if auto else g,
           gamma_max=g,
           draft_cost=float(adaptive.layer_calls(dcfg, dcfg.recurrence)),
-          extras=extras,
+          settings=settings,
       ),
       init_kw=init_kw,
       loop_kw=loop_kw,
   )
+
+
+@functools.lru_cache(maxsize=None)
+def _load_drafter(spec: str) -> LoopedModel:
+  from loopspec_jax import api  # api imports the registry, which imports this module
+
+  return api.load(spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,8 +403,25 @@ class Draft(Method):
   """Draft-model speculation: a separate small `draft_model` (same tokenizer) drafts `gamma` tokens."""
 
   name = "draft"
-  draft_model: Optional[LoopedModel] = dataclasses.field(default=None, compare=False, hash=False)
+  positional = ("draft_model", "gamma")
+  # a LoopedModel, or a bundled model's name / a checkpoint directory (loaded once per process)
+  draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
   gamma: Union[int, str, None] = None
+
+  def __post_init__(self):
+    if isinstance(self.draft_model, str):
+      object.__setattr__(self, "draft_model", _load_drafter(self.draft_model))
+
+  @property
+  def label(self) -> str:
+    """'draft(gamma=4)': the drafter is named by the table around it (its `source` is in the stats)."""
+    return "draft" + (f"(gamma={self.gamma})" if self.gamma is not None else "")
+
+  @property
+  def spec(self) -> str:
+    src = getattr(self.draft_model, "source", None)
+    args = ([f"draft_model={src}"] if src else []) + ([f"gamma={self.gamma}"] if self.gamma is not None else [])
+    return "draft" + (":" + ",".join(args) if args else "")
 
   def validate(self, cfg: ModelConfig) -> None:
     if self.draft_model is None:
@@ -408,3 +433,7 @@ class Draft(Method):
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(cfg, greedy=greedy, random_init=random_init, draft_model=self.draft_model, gamma=self.gamma)
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    return draft_figures(stats)

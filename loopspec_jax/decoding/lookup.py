@@ -125,7 +125,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram, ga
           gamma="auto" if auto else g,
           gamma_max=g,
           draft_cost=0.0,
-          extras={"ngram": ngram},
+          settings={"ngram": ngram},
       ),
       init_kw={"cfg": cfg},
       loop_kw={"cfg": cfg, "ngram": ngram, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init},
@@ -147,3 +147,7 @@ class Lookup(Method):
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(cfg, greedy=greedy, random_init=random_init, ngram=self.ngram, gamma=self.gamma)
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    return draft.draft_figures(stats)

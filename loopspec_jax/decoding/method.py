@@ -34,7 +34,8 @@ class Method:
     """The `decoding.common.Decoder` that runs this method on a model with config `cfg`."""
     raise NotImplementedError(f"{type(self).__name__}.make_decoder")
 
-  def derived(self, stats) -> dict:
+  @classmethod
+  def derived(cls, stats) -> dict:
     """The figures this method derives from the raw counts of a `DecodeStats` (summed over any number of
     batches or runs): e.g. accepted length, acceptance rate. Nothing else re-derives them."""
     return {}

@@ -510,19 +510,13 @@ def pad_requests(prompts: list, request_ids, mesh_plan: MeshPlan):
 
 
 def drop_padding(result, n: int):
-  """Removes the dummy requests (indices >= n) from a GenerateResult; stats count real tokens only."""
+  """Removes the dummy requests (indices >= n) from a GenerateResult: its counts keep the first n requests'
+  per-request counters (`DecodeStats.drop_requests`), and its figures are derived from those."""
   if len(result.tokens) == n:
     return result
-  dropped = sum(len(t) for t in result.tokens[n:])
-  stats = dict(result.stats)
-  stats["padded_batch"] = len(result.tokens)
-  stats["batch"] = n
-  stats["tokens_generated"] = stats["tokens_generated"] - dropped
-  if "decode_seconds" in stats:
-    stats["tokens_per_second"] = stats["tokens_generated"] / max(stats["decode_seconds"], 1e-9)
-  if isinstance(stats.get("per_request"), dict):
-    stats["per_request"] = {k: v[:n] for k, v in stats["per_request"].items()}
-  return dataclasses.replace(result, tokens=result.tokens[:n], stats=stats)
+  counts = result.counts.drop_requests(n)
+  stats = dict(counts.summary(), padded_batch=len(result.tokens))
+  return dataclasses.replace(result, tokens=result.tokens[:n], stats=stats, counts=counts)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -18,41 +18,24 @@ from loopspec_jax.decoding.loopspec.tick import decode_loop
 
 
 def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> common.DecodeStats:
-  """Host-side statistics (sums over requests) including the release's mean accepted length."""
-  r, d1, d2 = cfg.recurrence, shape.d1, shape.d2
-  s = jax.tree_util.tree_map(np.asarray, st.stats)
-  n = int(np.asarray(st.n_new).sum())
-  first, second, restart = int(s.first.sum()), int(s.second.sum()), int(s.restart.sum())
-  ticks = int(s.ticks.sum())
-  evals = int(s.gate_evals.sum())
+  """Raw counts of a LoopSpec run (per-request lane counters; figures: `LoopSpec.derived`)."""
+  s = st.stats
+  rows = ("ticks", "first", "second", "restart", "last_source", "reject_first", "gate_evals", "gate_opens")
+  rows += ("skipped_first", "skipped_second", "live_sum")
   return common.DecodeStats.of_loop(
       "loopspec",
       st,
-      d1,
-      mean_accepted_length=theory.gamma_from_counts(r, d1, d2, n, second + restart, restart) if n else 0.0,
-      tokens_per_r_steps=r * n / max(ticks * d1, 1),
-      commits={"first": first, "second": second, "restart": restart},
-      gate_open_rate=int(s.gate_opens.sum()) / max(evals, 1),
-      skipped_spawns=int(s.skipped_first.sum() + s.skipped_second.sum()),
-      extras={
-          "d1": d1,
-          "d2": d2,
+      shape.d1,
+      settings={
+          "recurrence": cfg.recurrence,
+          "d1": shape.d1,
+          "d2": shape.d2,
           "gate_mass": shape.gate_mass,
           "lane_capacity": shape.n_lanes,
           "stage_width": shape.width,
-          "request_ticks": ticks,
-          "ticks_max": int(s.ticks.max()),
-          "reject_first": int(s.reject_first.sum()),
-          "gate_evals": evals,
-          "skipped_first": int(s.skipped_first.sum()),
-          "skipped_second": int(s.skipped_second.sum()),
-          "mean_live_lanes": float(s.live_sum.sum()) / max(ticks, 1),
-          "max_live_lanes": int(s.live_max.max()),
-          "per_request": {
-              k: np.asarray(getattr(s, k)).tolist()
-              for k in ("ticks", "first", "second", "restart", "last_source", "reject_first")
-          },
       },
+      per_request={k: getattr(s, k) for k in rows},
+      maxima={"max_live_lanes": np.asarray(s.live_max).max(), "ticks_max": np.asarray(s.ticks).max()},
   )
 
 
@@ -102,3 +85,22 @@ class LoopSpec(Method):
         lane_capacity=self.lane_capacity,
         gate_mass=self.gate_mass,
     )
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    """The release's mean accepted length (its cost identity, `theory.gamma_from_counts`), tokens per R
+    steps on the per-request tick clock, and the mean live lanes per request tick."""
+    st, n = stats.settings, stats.tokens
+    r, d1 = st["recurrence"], st["d1"]
+    second, restart, ticks = stats.count("second"), stats.count("restart"), stats.count("ticks")
+    return {
+        "mean_accepted_length": theory.gamma_from_counts(r, d1, st["d2"], n, second + restart, restart) if n else 0.0,
+        "tokens_per_r_steps": r * n / max(ticks * d1, 1),
+        "request_ticks": ticks,
+        "mean_live_lanes": stats.count("live_sum") / max(ticks, 1),
+        # no verify pass of its own: its accepted length is mean_accepted_length; acceptance is the share of
+        # commits whose next lane came from a proposal
+        "tokens_per_pass": None,
+        "acceptance": (stats.count("first") + stats.count("second")) / max(n, 1),
+        "draft_cost_share": None,
+    }

@@ -1,0 +1,139 @@
+"""Typed decode statistics: raw counts that add across batches and runs; figures derived in one place.
+
+A decoder's final loop state becomes a `DecodeStats` of raw counts only:
+- `per_request`: a list per counter with one entry per request (tokens, rounds, accepted, ticks, ...),
+- `totals`: counters of the whole batched loop (iterations, core-step calls, layer calls, seconds),
+- `maxima`: counters combined by max (the most live lanes seen),
+- `settings`: the static configuration (d1, gamma, R, ...), equal for every run that is added.
+`a + b` (and `sum(stats_list, start)`, `DecodeStats.total(stats_list)`) concatenates the per-request lists and
+sums the totals, so a benchmark's many `generate` calls become one `DecodeStats`. Derived figures (accepted
+length, acceptance rate, tokens per second, ...) come from `summary()`: the figures every method shares here,
+the method's own from its class's `derived` (`decoding.method.Method`); no caller recomputes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List
+
+import numpy as np
+
+
+def _plain(x):
+  """numpy scalars / arrays -> Python ints, floats and lists (JSON-ready)."""
+  x = np.asarray(x)
+  return x.tolist()
+
+
+@dataclasses.dataclass
+class DecodeStats:
+  """Raw counts of one or more decode runs of one method and configuration (see the module docstring)."""
+
+  method: str
+  settings: Dict[str, object] = dataclasses.field(default_factory=dict)
+  per_request: Dict[str, List] = dataclasses.field(default_factory=dict)
+  totals: Dict[str, float] = dataclasses.field(default_factory=dict)
+  maxima: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def of_loop(
+      cls, method: str, state, steps_per_iteration: int, *, settings=None, per_request=None, totals=None, maxima=None
+  ) -> "DecodeStats":
+    """The counts every final loop state gives (tokens per request, iterations, core-step calls), plus the
+    method's own as keywords (arrays or lists per request, scalars for totals and maxima)."""
+    iters = int(np.asarray(state.iterations))
+    n_new = _plain(state.n_new)
+    rows = dict({k: _plain(v) for k, v in (per_request or {}).items()}, tokens=n_new)
+    tot = {k: _plain(v) for k, v in (totals or {}).items()}
+    tot.update(calls=1, iterations=iters, core_step_calls=iters * steps_per_iteration)
+    tot["row_core_steps"] = tot["core_step_calls"] * len(n_new)
+    tot.setdefault("prefill_seconds", 0.0)
+    tot.setdefault("decode_seconds", 0.0)
+    return cls(method, dict(settings or {}), rows, tot, {k: _plain(v) for k, v in (maxima or {}).items()})
+
+  # -- adding ----------------------------------------------------------------------------------------
+  def __add__(self, other: "DecodeStats") -> "DecodeStats":
+    if not isinstance(other, DecodeStats):
+      return NotImplemented
+    if (self.method, self.settings) != (other.method, other.settings):
+      raise ValueError(
+          f"cannot add stats of {self.method} {self.settings} and {other.method} {other.settings}: "
+          "only runs of one method and configuration add"
+      )
+    rows = {k: list(self.per_request.get(k, [])) + list(other.per_request.get(k, [])) for k in self._row_keys(other)}
+    tot = {k: self.totals.get(k, 0) + other.totals.get(k, 0) for k in {**self.totals, **other.totals}}
+    mx = {k: max(self.maxima.get(k, 0), other.maxima.get(k, 0)) for k in {**self.maxima, **other.maxima}}
+    return DecodeStats(self.method, dict(self.settings), rows, tot, mx)
+
+  def _row_keys(self, other) -> list:
+    return list(dict.fromkeys(list(self.per_request) + list(other.per_request)))
+
+  def __radd__(self, other):
+    return self if other == 0 else NotImplemented  # sum(list_of_stats)
+
+  @staticmethod
+  def total(stats: list) -> "DecodeStats":
+    """The sum of a non-empty list of DecodeStats."""
+    out = stats[0]
+    for s in stats[1:]:
+      out = out + s
+    return out
+
+  def drop_requests(self, n: int) -> "DecodeStats":
+    """The stats of the first n requests (a mesh pads the batch with dummy requests; they are not counted)."""
+    rows = {k: list(v[:n]) for k, v in self.per_request.items()}
+    tot = dict(self.totals, padded_requests=self.totals.get("padded_requests", 0) + len(self.per_request["tokens"]) - n)
+    return DecodeStats(self.method, dict(self.settings), rows, tot, dict(self.maxima))
+
+  # -- reading ---------------------------------------------------------------------------------------
+  def count(self, name: str):
+    """A raw count: the sum over requests of a per-request counter, else a total (0 if never counted)."""
+    if name in self.per_request:
+      return sum(self.per_request[name])
+    return self.totals.get(name, 0)
+
+  @property
+  def requests(self) -> int:
+    return len(self.per_request.get("tokens", []))
+
+  @property
+  def tokens(self) -> int:
+    return self.count("tokens")
+
+  def common_figures(self) -> dict:
+    """The figures every method has, from the raw counts."""
+    n, iters, secs = self.tokens, self.totals.get("iterations", 0), self.totals.get("decode_seconds", 0.0)
+    commits = {k: self.count(k) for k in ("first", "second", "restart")}
+    evals = self.count("gate_evals")
+    return {
+        "method": self.method,
+        "batch": self.requests,
+        "tokens_generated": n,
+        "tokens": n,
+        "prefill_seconds": self.totals.get("prefill_seconds", 0.0),
+        "decode_seconds": secs,
+        "tokens_per_second": n / max(secs, 1e-9),
+        "ticks": iters,
+        "tokens_per_tick": n / max(iters, 1),
+        "core_step_calls": self.totals.get("core_step_calls", 0),
+        "core_step_calls_per_token": self.totals.get("row_core_steps", 0) / max(n, 1),
+        "commits": commits,
+        "gate_open_rate": self.count("gate_opens") / evals if evals else 0.0,
+        "skipped_spawns": self.count("skipped_first") + self.count("skipped_second"),
+        "mean_accepted_length": 1.0,
+        "tokens_per_r_steps": 1.0,
+    }
+
+  def summary(self) -> dict:
+    """Every figure of these runs: the common ones, the settings, the sums of the per-request counters, the
+    maxima and the method's derived figures (its class's `derived`), plus the per-request lists."""
+    from loopspec_jax import methods  # the registry imports every decoder module, which imports this one
+
+    out = self.common_figures()
+    out.update(self.settings)
+    out.update({k: self.count(k) for k in self.per_request if k not in out})
+    out.update({k: v for k, v in self.totals.items() if k not in out})
+    out.update(self.maxima)
+    out.update(methods.method_class(self.method).derived(self))
+    out["per_request"] = {k: list(v) for k, v in self.per_request.items()}
+    return out
