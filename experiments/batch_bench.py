@@ -28,6 +28,7 @@ import numpy as np
 
 import loopspec_jax
 from loopspec_jax.configs.mesh import _base as mesh_configs
+from loopspec_jax import methods as methods_lib
 from loopspec_jax.experiments import common
 from loopspec_jax.parallel import distributed
 from loopspec_jax.parallel import sharding
@@ -38,17 +39,16 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
-def run_one(model, prompts, name, kw, cfg, mesh):
+def run_one(model, prompts, method, cfg, mesh):
   """One batched `generate` call of a method."""
   res = loopspec_jax.generate(
       model,
       prompts,
       max_new_tokens=cfg.max_new_tokens,
-      method=name,
+      method=method,
       temperature=cfg.temperature,
       seed=cfg.seed,
       mesh=mesh,
-      **kw,
   )
   return res
 
@@ -56,18 +56,18 @@ def run_one(model, prompts, name, kw, cfg, mesh):
 def benchmark(model, cfg, mesh=None, progress=print) -> list:
   """One row per batch size: median decode tokens/s of each method (after an untimed compile run)."""
   rng = np.random.RandomState(cfg.seed)
-  methods = [common.parse_method(m) for m in cfg.methods]
-  labels = [common.method_label(n, kw) for n, kw in methods]
+  methods = methods_lib.parse_list(cfg.methods)
+  labels = [m.label for m in methods]
   rows = []
   for b in common.split_list(cfg.batch_sizes):
     prompts = [rng.randint(0, model.config.vocab_size, cfg.prompt_len).tolist() for _ in range(int(b))]
     row = {"batch": int(b)}
     outputs = {}
-    for (name, kw), label in zip(methods, labels):
+    for method, label in zip(methods, labels):
       t0 = time.perf_counter()
-      outputs[label] = run_one(model, prompts, name, kw, cfg, mesh).tokens  # compiles
+      outputs[label] = run_one(model, prompts, method, cfg, mesh).tokens  # compiles
       compile_s = time.perf_counter() - t0
-      stats = [run_one(model, prompts, name, kw, cfg, mesh).stats for _ in range(cfg.repeats)]
+      stats = [run_one(model, prompts, method, cfg, mesh).stats for _ in range(cfg.repeats)]
       tps = statistics.median(s["tokens_per_second"] for s in stats)
       row[label] = {
           "tokens_per_second": tps,
@@ -129,7 +129,7 @@ def main(argv):
     model = sharding.shard_model(model, mesh)
   t0 = time.perf_counter()
   rows = benchmark(model, cfg, mesh, progress=lambda s: print(s, flush=True))
-  labels = [common.method_label(*common.parse_method(m)) for m in cfg.methods]
+  labels = [m.label for m in methods_lib.parse_list(cfg.methods)]
   machine = (
       f"{os.cpu_count()} CPU cores, {jax.device_count()} x {jax.devices()[0].platform}, jax {jax.__version__}, "
       f"mesh {tuple(mesh.mesh.shape.values()) if mesh is not None else 'none'}"

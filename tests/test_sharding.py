@@ -406,7 +406,9 @@ def test_pad_and_drop_requests():
   assert sharding.pad_requests([[1, 2], [3]], None, p) == ([[1, 2], [3]], None, 2)
   prompts, rid, n = sharding.pad_requests([[1, 2], [3]], [5, 9], type("Plan", (), {"data_size": 4})())
   assert prompts == [[1, 2], [3], [0], [0]] and rid == [5, 9, 10, 11] and n == 2
-  counts = DecodeStats("ar", {"recurrence": 4}, {"tokens": [2, 1, 1, 1], "restart": [2, 1, 1, 1]}, {"decode_seconds": 1.0})
+  counts = DecodeStats(
+      "ar", {"recurrence": 4}, {"tokens": [2, 1, 1, 1], "restart": [2, 1, 1, 1]}, {"decode_seconds": 1.0}
+  )
   res = api.GenerateResult([[1, 2], [3], [4], [5]], counts.summary(), counts)
   out = sharding.drop_padding(res, 2)
   assert out.tokens == [[1, 2], [3]] and out.stats["tokens_generated"] == 3 and out.stats["padded_batch"] == 4
