@@ -40,6 +40,7 @@ from ml_collections import config_flags
 import numpy as np
 
 import loopspec_jax
+from loopspec_jax import methods as methods_lib
 from loopspec_jax.experiments import common
 from loopspec_jax.parallel import distributed
 from loopspec_jax.parallel import sharding
@@ -81,19 +82,17 @@ def make_prompts(cfg, vocab_size: int) -> list:
 
 
 def runs_of(cfg) -> list:
-  """[(label, method, method kwargs, sampling kwargs)] of every method x sampling setting, validated."""
+  """[(label, Method, sampling kwargs)] of every method x sampling setting, validated."""
   out = []
-  methods = [common.parse_method(m) for m in str(cfg.methods).split(";") if m.strip()]
+  methods = methods_lib.parse_list(str(cfg.methods))
   samplings = common.split_list(cfg.samplings)
   if not methods or not samplings:
     raise ValueError("methods and samplings must each name at least one entry")
   for samp in samplings:
     if samp not in cfg.sampling_settings:
       raise ValueError(f"unknown sampling {samp!r}; known: {sorted(cfg.sampling_settings)}")
-    for name, kw in methods:
-      if name not in ("ar", "chain", "loopspec"):
-        raise ValueError(f"unknown method {name!r} (ar, chain, loopspec)")
-      out.append((f"{common.method_label(name, kw)}|{samp}", name, kw, dict(cfg.sampling_settings[samp])))
+    for method in methods:
+      out.append((f"{method.label}|{samp}", method, dict(cfg.sampling_settings[samp])))
   return out
 
 
@@ -144,9 +143,9 @@ def check(cfg) -> dict:
       "prompts": prompts,
       "runs": {},
   }
-  for i, (label, name, kw, samp) in enumerate(runs):
+  for i, (label, method, samp) in enumerate(runs):
     _maybe_kill(cfg, i)
-    args = dict(max_new_tokens=cfg.max_new_tokens, method=name, seed=cfg.seed, **samp, **kw)
+    args = dict(max_new_tokens=cfg.max_new_tokens, method=method, seed=cfg.seed, **samp)
     t0 = time.perf_counter()
     out = loopspec_jax.generate(model, prompts, mesh=mesh, **args)
     seconds = time.perf_counter() - t0
