@@ -151,9 +151,7 @@ def generate(
       "draft_model": draft_model,
       "ngram": ngram,
   }
-  spec = methods.build(method, **method_args)
-  spec.validate(cfg)
-  spec.check_target(model)
+  spec = methods.resolve(method, model, **method_args)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)

@@ -25,7 +25,17 @@ _CLASSES = (AR, Chain, LoopSpec, Draft, Lookup)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 
-__all__ = ["Method", "REGISTRY", "NAMES", "build", "parse", "parse_list"] + [c.__name__ for c in _CLASSES]
+__all__ = [
+    "Method",
+    "REGISTRY",
+    "NAMES",
+    "argument_names",
+    "build",
+    "parse",
+    "parse_list",
+    "parse_value",
+    "resolve",
+] + [c.__name__ for c in _CLASSES]
 
 
 def method_class(name: str) -> Type[Method]:
@@ -55,6 +65,21 @@ def build(method: Union[str, Method], **kwargs) -> Method:
   return dataclasses.replace(base, **given)
 
 
+def resolve(method: Union[str, Method], model, **kwargs) -> Method:
+  """`build(method, **kwargs)` checked against the target `LoopedModel` (its config, and what needs the model
+  itself, e.g. a drafter's tokenizer): every check a method makes, before anything compiles."""
+  m = build(method, **kwargs)
+  m.validate(model.config)
+  m.check_target(model)
+  return m
+
+
+def argument_names(method: Union[str, Method]) -> tuple:
+  """The argument (field) names of a method, given by name, spec or object: ('d1', 'd2', ...)."""
+  cls = type(method) if isinstance(method, Method) else method_class(str(method).partition(":")[0].strip())
+  return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def parse(spec: Union[str, Method]) -> Method:
   """'loopspec:d1=2,d2=8' (or 'loopspec:2,8') -> LoopSpec(d1=2, d2=8); a Method passes through."""
   if isinstance(spec, Method):
@@ -73,7 +98,7 @@ def parse(spec: Union[str, Method]) -> Method:
     key = key.strip()
     if key not in fields:
       raise ValueError(f"method {cls.name!r} (spec {spec!r}) takes no {key!r}; its arguments: {fields or 'none'}")
-    kw[key] = _value(value.strip())
+    kw[key] = parse_value(value.strip())
   return cls(**kw)
 
 
@@ -83,7 +108,7 @@ def parse_list(text) -> list:
   return [parse(s) for s in items if not (isinstance(s, str) and not s.strip())]
 
 
-def _value(text: str):
+def parse_value(text: str):
   """'4' -> 4, '0.25' -> 0.25, 'none' -> None, anything else stays a string ('auto')."""
   if text.lower() == "none":
     return None

@@ -48,8 +48,9 @@ from tqdm import tqdm
 
 import loopspec_jax
 from loopspec_jax import api
+from loopspec_jax import methods
 from loopspec_jax.decoding import common as decoding
-from loopspec_jax.experiments import common as exp_common
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.tasks import TASKS_DIR
 
 NAME = "loopspec_jax"
@@ -114,7 +115,9 @@ class LoopSpecLM(TemplateLM):
     model          a loaded `LoopedModel` instead (Python only; `pretrained` is then ignored)
     tokenizer      a tokenizer.json path or bundled model name, for checkpoints without a tokenizer
     dtype          parameter dtype when loading (default float32)
-    method         'ar' (default), 'chain' (d1, gamma) or 'loopspec' (d1, d2, lane_capacity)
+    method         a method name or spec of `loopspec_jax.methods` ('ar' (default), 'chain', 'loopspec:2,8',
+                   'lookup', ...); d1, d2, gamma, lane_capacity and any other argument of that method may
+                   also be given as model arguments
     batch_size     requests per generate call (default 1: one request at a time, as the paper measures)
     max_gen_toks   new-token budget of tasks that do not set one (default 256, at most half the context)
     depth          readout depth of loglikelihood requests (default R, the full depth)
@@ -146,10 +149,13 @@ class LoopSpecLM(TemplateLM):
       **unknown,
   ):
     super().__init__()
+    given = {"d1": d1, "d2": d2, "gamma": gamma, "lane_capacity": lane_capacity}
+    extra = {k: v for k, v in unknown.items() if k in methods.argument_names(str(method))}
+    unknown = {k: v for k, v in unknown.items() if k not in extra}
     if unknown:
       raise ValueError(
-          f"unknown model argument(s) {sorted(unknown)} for {NAME}; known: pretrained, tokenizer, dtype, method, d1, "
-          "d2, gamma, lane_capacity, batch_size, max_gen_toks, depth, seed, init_state, warmup"
+          f"unknown model argument(s) {sorted(unknown)} for {NAME}; known: pretrained, tokenizer, dtype, method "
+          "(and its arguments), batch_size, max_gen_toks, depth, seed, init_state, warmup"
       )
     del max_batch_size  # the harness's automatic batch sizing does not apply: batches are static shapes here
     if device not in (None, "", "cpu", "cuda", "tpu", "jax"):
@@ -162,16 +168,9 @@ class LoopSpecLM(TemplateLM):
       raise ValueError(f"{pretrained!r} has no tokenizer; pass tokenizer=<tokenizer.json or bundled model name>")
     self.model = model
     self.cfg = model.config
-    self.method = str(method)
-    self.method_args = {
-        "d1": _opt_int("d1", d1),
-        "d2": _opt_int("d2", d2),
-        "gamma": _opt_int("gamma", gamma),
-        "lane_capacity": _opt_int("lane_capacity", lane_capacity),
-    }
-    # Validates the method, its arguments and depths now, before any request compiles anything.
-    api._make_decoder(self.method, self.cfg, True, init_state == "random", self.method_args)
-    self.method_kw = {k: v for k, v in self.method_args.items() if k in api._METHOD_ARGS[self.method] and v is not None}
+    # The method, its arguments and depths are validated now, before any request compiles anything.
+    args = {k: methods.parse_value(str(v)) if isinstance(v, str) else v for k, v in {**given, **extra}.items()}
+    self.method = methods.resolve(str(method), model, **args)
     if isinstance(batch_size, str) and batch_size.startswith("auto"):
       log.warning("batch_size=%r: automatic batch sizing is not supported, using 1", batch_size)
       batch_size = 1
@@ -212,7 +211,7 @@ class LoopSpecLM(TemplateLM):
 
   @property
   def method_label(self) -> str:
-    return exp_common.method_label(self.method, self.method_kw)
+    return self.method.label
 
   def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> List[int]:
     del add_special_tokens, kwargs
@@ -313,13 +312,11 @@ class LoopSpecLM(TemplateLM):
         init_state=self.init_state,
         request_ids=request_ids,
         **sampling,
-        **self.method_kw,
     )
     tp, total = decoding.buckets([len(p) for p in prompts], max_new, self.cfg)
     shape = (
         self.cfg,
-        self.method,
-        tuple(sorted(self.method_kw.items())),
+        self.method.label,
         sampling["temperature"] == 0.0,
         self.init_state,
         len(prompts),
@@ -334,7 +331,7 @@ class LoopSpecLM(TemplateLM):
     res = loopspec_jax.generate(self.model, prompts, **kw)
     greedy = sampling["temperature"] == 0.0
     self.calls.append(
-        {"task": task, "requests": len(prompts), "warmup_calls": warm, "greedy": greedy, "stats": res.stats}
+        {"task": task, "requests": len(prompts), "warmup_calls": warm, "greedy": greedy, "counts": res.counts}
     )
     return res.tokens
 
@@ -395,13 +392,14 @@ class LoopSpecLM(TemplateLM):
   # Speed statistics
   # ---------------------------------------------------------------------------------------------------
   def speed_stats(self, task: Optional[str] = None) -> Optional[dict]:
-    """Summed statistics of the timed generate calls (of `task`, or all): `experiments.common.aggregate`'s fields
-    (tokens, decode_seconds, tokens_per_second, mean_accepted_length, commits, ...) plus method, requests,
+    """Summed statistics of the timed generate calls (of `task`, or all): their `DecodeStats` added and
+    summarised by the method (tokens, decode_seconds, tokens_per_second, mean_accepted_length, commits, ...),
+    with method (its label), requests,
     calls, warmup_calls and greedy (every call greedy). None when no generate call ran."""
     calls = [c for c in self.calls if task is None or c["task"] == task]
     if not calls:
       return None
-    agg = exp_common.aggregate([c["stats"] for c in calls], self.cfg.recurrence)
+    agg = DecodeStats.total([c["counts"] for c in calls]).summary()
     agg.update(
         method=self.method_label,
         requests=sum(c["requests"] for c in calls),
