@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import flax.struct
 import jax
@@ -55,6 +55,27 @@ def validate(cfg: ModelConfig, d1, gamma):
   adaptive.parse_gamma("chain", gamma)
 
 
+class _Round(NamedTuple):
+  """The static settings of one chain round (hashable Python values, closed over by the jitted loop)."""
+
+  cfg: ModelConfig
+  layout: kvcache.CacheLayout  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
+  d1: int
+  gamma: int
+  greedy: bool
+  random_init: bool
+  auto: bool
+  # gamma="auto" costs in layer calls: a drafting position, and what every round pays (one drafting
+  # position plus the verify pass over depths d1..R)
+  auto_costs: tuple
+
+
+def _auto_costs(cfg: ModelConfig, d1: int) -> tuple:
+  draft = float(adaptive.layer_calls(cfg, d1))
+  verify_pass = adaptive.layer_calls(cfg, cfg.recurrence, coda=True) - adaptive.layer_calls(cfg, d1, coda=False)
+  return draft, draft + float(verify_pass)
+
+
 @functools.partial(
     jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init", "auto"), donate_argnames=("state",)
 )
@@ -70,141 +91,145 @@ def decode_loop(
     random_init: bool,
     auto: bool = False,
 ):
-  r = cfg.recurrence
-  layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (ridx 0) and R (ridx 1)
+  """Chain rounds until every request is done (one `lax.while_loop`)."""
+  rc = _Round(cfg, kvcache.CacheLayout.of(cfg, 2), d1, gamma, greedy, random_init, auto, _auto_costs(cfg, d1))
   params = M.prepare_params(params, cfg)
-  process = functools.partial(common.row_distributions, sp=sp)
-  s_len = gamma + 1
-  # gamma="auto" costs in layer calls: a drafting position, and what every round pays (one drafting position
-  # plus the verify pass over depths d1..R).
-  auto_costs = (
-      float(adaptive.layer_calls(cfg, d1)),
-      float(
-          adaptive.layer_calls(cfg, d1)
-          + adaptive.layer_calls(cfg, r, coda=True)
-          - adaptive.layer_calls(cfg, d1, coda=False)
-      ),
-  )
+  return common.loop_until_done(lambda st: _round(params, st, sp, rc), state, sp)
 
-  def with_inflight(base, past):
-    """ctx_fn `base` (the committed prefix) plus one segment of this round's earlier draft positions, which are
-    in flight (not yet in the cache: drafting only reads the cache, so XLA updates every buffer in place)."""
-    if not past:
-      return base
 
-    def ctx(l):
-      k = jnp.concatenate([kv[0][l] for kv in past], axis=1).transpose(0, 2, 1, 3)  # [B, KV, j, D]
-      v = jnp.concatenate([kv[1][l] for kv in past], axis=1).transpose(0, 2, 1, 3)
-      return base(l) + [(k, v, jnp.ones((k.shape[0], 1, k.shape[2]), bool))]
+def _with_inflight(base, past):
+  """ctx_fn `base` (the committed prefix) plus one segment of this round's earlier draft positions, which are
+  in flight (not yet in the cache: drafting only reads the cache, so XLA updates every buffer in place)."""
+  if not past:
+    return base
 
-    return ctx
+  def ctx(l):
+    k = jnp.concatenate([kv[0][l] for kv in past], axis=1).transpose(0, 2, 1, 3)  # [B, KV, j, D]
+    v = jnp.concatenate([kv[1][l] for kv in past], axis=1).transpose(0, 2, 1, 3)
+    return base(l) + [(k, v, jnp.ones((k.shape[0], 1, k.shape[2]), bool))]
 
-  def draft_position(cache, tok, q, mask, one, past):
-    """pre + d1 core steps + readout at d1 of one position q [B, 1] per request, attending to the committed
-    prefix (mask [B, 1, T]) and to `past`: per entry name, the (k, v) [L, B, 1, KV, D] of the round's earlier
-    positions. Returns (s, e, logits [B, V], this position's entries by name); writes nothing."""
-    ctx = lambda name, base: with_inflight(base, [p[name] for p in past])
-    e, k, v = M.pre(params, tok[:, None], q, one, ctx("pre", kvcache.prelude_ctx(cache, mask)), cfg)
-    new = {"pre": (k, v)}
-    noise = common.state_noise(sp, q, cfg) if random_init else None
-    s = M.initial_state(e, cfg, noise)
-    for i in range(d1):
-      s, k, v = M.core_step(params, s, e, q, one, ctx(f"core{i}", kvcache.core_ctx(cache, layout, i, mask)), cfg)
-      new[f"core{i}"] = (k, v)
-    logits, k, v = M.post(params, s, q, one, ctx("coda", kvcache.coda_ctx(cache, 0, mask)), cfg)
-    new["coda"] = (k, v)
-    return s, e, logits[:, 0], new
+  return ctx
 
-  def write_drafts(cache, entries, pos, after):
-    """Writes the drafted positions' entries (prelude, core steps 0..d1-1, readout d1) at pos [B, S], one
-    scatter per buffer, ordered after every read of the drafting phase (`after`: its last float output)."""
-    cat = lambda name, i: jnp.concatenate([p[name][i] for p in entries], axis=2)  # [L, B, S, KV, D]
-    pos = kvcache.ordered(pos, after, cache.length)
-    cache = kvcache.write_prelude(cache, cat("pre", 0), cat("pre", 1), pos)
-    ks = jnp.stack([cat(f"core{i}", 0) for i in range(d1)])  # [d1, L, B, S, KV, D]
-    vs = jnp.stack([cat(f"core{i}", 1) for i in range(d1)])
-    cache = kvcache.write_core_steps(cache, layout, jnp.arange(d1), ks, vs, pos)
-    return kvcache.write_coda(cache, 0, cat("coda", 0), cat("coda", 1), pos)
 
-  def round_(st: ChainState) -> ChainState:
-    b, t = st.tokens.shape
-    bi = jnp.arange(b)
-    p0 = st.length - 1  # first position of the round (its token is committed)
-    one = jnp.ones((b, 1, 1), bool)
-    cache = st.cache
-    states, injections, drafts, qs = [], [], [], []
-    tok = st.tokens[bi, p0]
-    if auto:  # this round's drafts per request, from past rounds only (decoding/adaptive.py)
-      n_max = adaptive.choose_gamma(st.acc_num, st.acc_den, gamma, *auto_costs)
-      n_max = jnp.where(st.done, 0, jnp.minimum(n_max, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
-      n_run = jnp.max(n_max)
-    # Drafting: gamma + 1 positions, one at a time, to depth d1 (reading the cache, writing nothing).
-    mask = jnp.arange(t)[None, None, :] < p0[:, None, None]  # [B, 1, T]: the committed prefix
-    entries = []
-    for j in range(s_len):
-      q = (p0 + j)[:, None]
-      if auto and j >= 2:  # position j is needed only when some request offers >= j drafts
-        run = lambda tok=tok, q=q, past=tuple(entries): draft_position(cache, tok, q, mask, one, past)
-        skip = lambda like=(states[0], injections[0], logits, entries[0]): jax.tree.map(jnp.zeros_like, like)
-        s, e, logits, new = jax.lax.cond(j <= n_run, run, skip)
-      else:
-        s, e, logits, new = draft_position(cache, tok, q, mask, one, entries)
-      entries.append(new)
-      states.append(s)
-      injections.append(e)
-      if j < gamma:
-        if greedy:
-          tok = sampling.greedy_token(logits)
-        else:
-          probs = process(logits)
-          keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_X1))(
-              sp.request_ids, p0 + j + 1
-          )
-          tok = jax.vmap(sampling.sample_token)(keys, probs)
-          qs.append(probs)
-        drafts.append(tok)
-    pos = p0[:, None] + jnp.arange(s_len)[None, :]
-    cache = write_drafts(cache, entries, pos, logits)
-    # Verification pass: all gamma + 1 positions through depths d1..R at once, read out at R.
-    s = jnp.concatenate(states, axis=1)  # [B, S, E]
-    e = jnp.concatenate(injections, axis=1)
-    mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
-    causal = jnp.broadcast_to(jnp.tril(jnp.ones((s_len, s_len), bool)), (b, s_len, s_len))
+def _draft_position(params, cache, tok, q, mask, past, sp, rc: _Round):
+  """pre + d1 core steps + readout at d1 of one position q [B, 1] per request, attending to the committed
+  prefix (mask [B, 1, T]) and to `past`: per entry name, the (k, v) [L, B, 1, KV, D] of the round's earlier
+  positions. Returns (s, e, logits [B, V], this position's entries by name); writes nothing."""
+  cfg, one = rc.cfg, jnp.ones((tok.shape[0], 1, 1), bool)
+  ctx = lambda name, base: _with_inflight(base, [p[name] for p in past])
+  e, k, v = M.pre(params, tok[:, None], q, one, ctx("pre", kvcache.prelude_ctx(cache, mask)), cfg)
+  new = {"pre": (k, v)}
+  noise = common.state_noise(sp, q, cfg) if rc.random_init else None
+  s = M.initial_state(e, cfg, noise)
+  for i in range(rc.d1):
+    s, k, v = M.core_step(params, s, e, q, one, ctx(f"core{i}", kvcache.core_ctx(cache, rc.layout, i, mask)), cfg)
+    new[f"core{i}"] = (k, v)
+  logits, k, v = M.post(params, s, q, one, ctx("coda", kvcache.coda_ctx(cache, 0, mask)), cfg)
+  new["coda"] = (k, v)
+  return s, e, logits[:, 0], new
 
-    s, cache = kvcache.run_core_steps(params, cache, layout, s, e, pos, causal, mask, d1, r, cfg)
-    logits, k, v = M.post(params, s, pos, causal, kvcache.coda_ctx(cache, 1, mask), cfg)
-    cache = kvcache.write_coda(cache, 1, k, v, kvcache.ordered(pos, logits, t))
-    drafts_arr = jnp.stack(drafts, axis=1)  # [B, G]
-    if greedy:  # accept the longest prefix of drafts that equal the target's argmax, then its next token
-      target = sampling.greedy_token(logits)  # [B, S]
-      match = drafts_arr == target[:, :gamma]
-      if auto:
-        match = match & (jnp.arange(gamma)[None, :] < n_max[:, None])
-      match = match.astype(jnp.int32)
-      n_acc = jnp.sum(jnp.cumprod(match, axis=1), axis=1)
-      nxt = target[bi, n_acc]
+
+def _write_drafts(cache, entries, pos, after, rc: _Round):
+  """Writes the drafted positions' entries (prelude, core steps 0..d1-1, readout d1) at pos [B, S], one
+  scatter per buffer, ordered after every read of the drafting phase (`after`: its last float output)."""
+  cat = lambda name, i: jnp.concatenate([p[name][i] for p in entries], axis=2)  # [L, B, S, KV, D]
+  pos = kvcache.ordered(pos, after, cache.length)
+  cache = kvcache.write_prelude(cache, cat("pre", 0), cat("pre", 1), pos)
+  ks = jnp.stack([cat(f"core{i}", 0) for i in range(rc.d1)])  # [d1, L, B, S, KV, D]
+  vs = jnp.stack([cat(f"core{i}", 1) for i in range(rc.d1)])
+  cache = kvcache.write_core_steps(cache, rc.layout, jnp.arange(rc.d1), ks, vs, pos)
+  return kvcache.write_coda(cache, 0, cat("coda", 0), cat("coda", 1), pos)
+
+
+def _draft(params, st: ChainState, sp, p0, n_run, rc: _Round):
+  """Drafting: gamma + 1 positions from p0 [B], one at a time, to depth d1 (reading the cache, writing
+  nothing). Returns per position the states, injections and entries, the gamma drafts [B] (and their
+  distributions q when sampling) and the last readout's logits."""
+  b, t = st.tokens.shape
+  mask = jnp.arange(t)[None, None, :] < p0[:, None, None]  # [B, 1, T]: the committed prefix
+  tok = st.tokens[jnp.arange(b), p0]
+  states, injections, entries, drafts, qs = [], [], [], [], []
+  for j in range(rc.gamma + 1):
+    q = (p0 + j)[:, None]
+    if rc.auto and j >= 2:  # position j is needed only when some request offers >= j drafts
+      run = lambda tok=tok, q=q, past=tuple(entries): _draft_position(params, st.cache, tok, q, mask, past, sp, rc)
+      skip = lambda like=(states[0], injections[0], logits, entries[0]): jax.tree.map(jnp.zeros_like, like)
+      s, e, logits, new = jax.lax.cond(j <= n_run, run, skip)
     else:
-      vkeys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_VERIFY))(
-          sp.request_ids, p0 + 1
-      )
-      if auto:
-        n_acc, nxt = jax.vmap(verify.verify_chain_upto)(
-            vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1), n_max
-        )
+      s, e, logits, new = _draft_position(params, st.cache, tok, q, mask, entries, sp, rc)
+    entries.append(new)
+    states.append(s)
+    injections.append(e)
+    if j < rc.gamma:
+      if rc.greedy:
+        tok = sampling.greedy_token(logits)
       else:
-        n_acc, nxt = jax.vmap(verify.verify_chain)(vkeys, process(logits), drafts_arr, jnp.stack(qs, axis=1))
-    # Commit n_acc drafts and the next token, within the budget and up to the first eos.
-    live = ~st.done
-    num, den = adaptive.update(st.acc_num, st.acc_den, n_acc, n_max, live) if auto else (st.acc_num, st.acc_den)
-    return st.replace(
-        cache=cache,
-        **common.commit_round(st, drafts_arr, n_acc, nxt, sp),
-        drafted=st.drafted + jnp.where(live, n_max if auto else gamma, 0),
-        acc_num=num,
-        acc_den=den,
-    )
+        probs = common.row_distributions(logits, sp=sp)
+        keys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_X1))(
+            sp.request_ids, p0 + j + 1
+        )
+        tok = jax.vmap(sampling.sample_token)(keys, probs)
+        qs.append(probs)
+      drafts.append(tok)
+  return states, injections, entries, drafts, qs, logits
 
-  return common.loop_until_done(round_, state, sp)
+
+def _verify_logits(params, cache, states, injections, pos, p0, t: int, rc: _Round):
+  """All gamma + 1 positions pos [B, S] through depths d1..R at once (T = t cache positions), read out at R:
+  (logits [B, S, V], cache)."""
+  b, s_len = pos.shape
+  s = jnp.concatenate(states, axis=1)  # [B, S, E]
+  e = jnp.concatenate(injections, axis=1)
+  mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((s_len, s_len), bool)), (b, s_len, s_len))
+  s, cache = kvcache.run_core_steps(params, cache, rc.layout, s, e, pos, causal, mask, rc.d1, rc.cfg.recurrence, rc.cfg)
+  logits, k, v = M.post(params, s, pos, causal, kvcache.coda_ctx(cache, 1, mask), rc.cfg)
+  return logits, kvcache.write_coda(cache, 1, k, v, kvcache.ordered(pos, logits, t))
+
+
+def _accept(logits, drafts, qs, n_max, p0, sp, rc: _Round):
+  """(accepted drafts [B], next token [B]): greedy, the longest prefix of drafts [B, G] equal to the target's
+  argmax, then its next token; sampled, the standard rule with a bonus token (`verify.verify_chain`)."""
+  if rc.greedy:
+    target = sampling.greedy_token(logits)  # [B, S]
+    match = drafts == target[:, : rc.gamma]
+    if rc.auto:
+      match = match & (jnp.arange(rc.gamma)[None, :] < n_max[:, None])
+    n_acc = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    return n_acc, target[jnp.arange(target.shape[0]), n_acc]
+  vkeys = jax.vmap(lambda rid, p: sampling.request_key(sp.base_key, rid, p, sampling.PURPOSE_VERIFY))(
+      sp.request_ids, p0 + 1
+  )
+  probs, q = common.row_distributions(logits, sp=sp), jnp.stack(qs, axis=1)
+  if rc.auto:
+    return jax.vmap(verify.verify_chain_upto)(vkeys, probs, drafts, q, n_max)
+  return jax.vmap(verify.verify_chain)(vkeys, probs, drafts, q)
+
+
+def _round(params, st: ChainState, sp, rc: _Round) -> ChainState:
+  """One round: draft gamma + 1 positions, write their entries, verify, commit."""
+  p0 = st.length - 1  # first position of the round (its token is committed)
+  n_max, n_run = None, None
+  if rc.auto:  # this round's drafts per request, from past rounds only (decoding/adaptive.py)
+    n_max = adaptive.choose_gamma(st.acc_num, st.acc_den, rc.gamma, *rc.auto_costs)
+    n_max = jnp.where(st.done, 0, jnp.minimum(n_max, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
+    n_run = jnp.max(n_max)
+  states, injections, entries, drafts, qs, last = _draft(params, st, sp, p0, n_run, rc)
+  pos = p0[:, None] + jnp.arange(rc.gamma + 1)[None, :]
+  cache = _write_drafts(st.cache, entries, pos, last, rc)
+  logits, cache = _verify_logits(params, cache, states, injections, pos, p0, st.tokens.shape[1], rc)
+  drafts = jnp.stack(drafts, axis=1)  # [B, G]
+  n_acc, nxt = _accept(logits, drafts, qs, n_max, p0, sp, rc)
+  # Commit n_acc drafts and the next token, within the budget and up to the first eos.
+  live = ~st.done
+  num, den = adaptive.update(st.acc_num, st.acc_den, n_acc, n_max, live) if rc.auto else (st.acc_num, st.acc_den)
+  return st.replace(
+      cache=cache,
+      **common.commit_round(st, drafts, n_acc, nxt, sp),
+      drafted=st.drafted + jnp.where(live, n_max if rc.auto else rc.gamma, 0),
+      acc_num=num,
+      acc_den=den,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
