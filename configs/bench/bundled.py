@@ -15,7 +15,8 @@ import ml_collections
 from ml_collections import config_dict
 
 
-def get_config(arg=None):
+def _base():
+  """The default run: every prompt set, both samplings, the four methods per model."""
   c = ml_collections.ConfigDict()
   c.models = ["tiny-raven", "tiny-ouro"]
   c.model_label = ""
@@ -35,72 +36,104 @@ def get_config(arg=None):
   }
   c.out_dir = "results/bench_bundled"
   c.table = "default"  # or "baselines": tokens per verify pass, acceptance, draft cost share
-  if arg == "two":  # the README table: two prompt sets, both samplings
-    c.tasks = ["gsm8k", "shakespeare"]
-    c.out_dir = "results/bench_bundled_two"
-  if arg == "quick":
-    c.tasks = ["gsm8k", "shakespeare"]
-    c.samplings = ["greedy"]
-    c.num_prompts = 1
-    c.max_new_tokens = 16
-    c.repeats = 1
-    c.out_dir = "results/bench_bundled_quick"
-  if arg == "targets":  # the engine issue's targets: 4 demo + 4 GSM8K prompts, one request at a time
-    c.tasks = ["demo", "gsm8k"]
-    c.num_prompts = 4
-    c.max_new_tokens = 96
-    c.methods_by_model = {  # gate_mass: the sampled gate's least residual mass (greedy rows are unchanged by it)
-        "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8", "loopspec:d1=2,d2=8,gate_mass=0.1"],
-        "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2", "loopspec:d1=1,d2=2,gate_mass=0.1"],
-    }
-    c.out_dir = "results/bench_targets"
-  if arg == "baselines":  # the classic speculative decoders beside LoopSpec, on the same prompts, in one run
-    c.models = ["tiny-raven", "tiny-ouro"]  # tiny-raven-draft shares both models' tokenizer
-    c.tasks = ["demo", "gsm8k"]
-    c.num_prompts = 4
-    c.max_new_tokens = 96
-    c.table = "baselines"
-    c.repeats = 2  # lookup with gamma=auto is lookup at gamma 8 (free drafts), so it is left out
-    c.methods_by_model = {
-        "tiny-raven": [
-            "ar",
-            "chain:d1=2,gamma=8",
-            "chain:d1=2,gamma=auto",
-            "draft:draft_model=tiny-raven-draft,gamma=4",
-            "draft:draft_model=tiny-raven-draft,gamma=auto",
-            "lookup:ngram=3,gamma=4",
-            "loopspec:d1=2,d2=8",
-            "loopspec:d1=2",
-        ],
-        "tiny-ouro": [
-            "ar",
-            "chain:d1=1,gamma=4",
-            "draft:draft_model=tiny-raven-draft,gamma=4",
-            "draft:draft_model=tiny-raven-draft,gamma=auto",
-            "lookup:ngram=3,gamma=4",
-            "loopspec:d1=1,d2=2",
-        ],
-    }
-    c.out_dir = "results/bench_baselines"
-  if arg == "baselines_quick":  # the same five methods at a size a busy 2-core machine finishes in ~30 minutes
-    c.models = ["tiny-raven"]
-    del c["tasks"], c["samplings"]  # as strings, so --config.tasks=gsm8k / --config.samplings=sample override them
-    c.tasks = "demo,gsm8k"
-    c.samplings = "greedy,sample"
-    c.num_prompts = 2
-    c.max_new_tokens = 64
-    c.repeats = 2
-    c.table = "baselines"
-    c.methods_by_model = {
-        "tiny-raven": [
-            "ar",
-            "chain:d1=2,gamma=8",
-            "draft:draft_model=tiny-raven-draft,gamma=4",
-            "lookup:ngram=3,gamma=4",
-            "loopspec:d1=2,d2=8",
-        ],
-    }
-    c.out_dir = "results/bench_baselines_quick"
-  if arg not in (None, "", "two", "quick", "targets", "baselines", "baselines_quick"):
-    raise ValueError(f"unknown preset {arg!r}; known: two, quick, targets, baselines, baselines_quick")
+  return c
+
+
+def _two(c):
+  """The README table: two prompt sets, both samplings."""
+  c.tasks = ["gsm8k", "shakespeare"]
+  c.out_dir = "results/bench_bundled_two"
+
+
+def _quick(c):
+  """A CI-sized run: two prompt sets, greedy, one prompt of 16 tokens."""
+  c.tasks = ["gsm8k", "shakespeare"]
+  c.samplings = ["greedy"]
+  c.num_prompts = 1
+  c.max_new_tokens = 16
+  c.repeats = 1
+  c.out_dir = "results/bench_bundled_quick"
+
+
+def _targets(c):
+  """The engine issue's targets: 4 demo + 4 GSM8K prompts, one request at a time."""
+  c.tasks = ["demo", "gsm8k"]
+  c.num_prompts = 4
+  c.max_new_tokens = 96
+  c.methods_by_model = {  # gate_mass: the sampled gate's least residual mass (greedy rows are unchanged by it)
+      "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8", "loopspec:d1=2,d2=8,gate_mass=0.1"],
+      "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1,d2=2", "loopspec:d1=1,d2=2,gate_mass=0.1"],
+  }
+  c.out_dir = "results/bench_targets"
+
+
+def _baselines(c):
+  """The classic speculative decoders beside LoopSpec, on the same prompts, in one run."""
+  c.models = ["tiny-raven", "tiny-ouro"]  # tiny-raven-draft shares both models' tokenizer
+  c.tasks = ["demo", "gsm8k"]
+  c.num_prompts = 4
+  c.max_new_tokens = 96
+  c.table = "baselines"
+  c.repeats = 2  # lookup with gamma=auto is lookup at gamma 8 (free drafts), so it is left out
+  c.methods_by_model = {
+      "tiny-raven": [
+          "ar",
+          "chain:d1=2,gamma=8",
+          "chain:d1=2,gamma=auto",
+          "draft:draft_model=tiny-raven-draft,gamma=4",
+          "draft:draft_model=tiny-raven-draft,gamma=auto",
+          "lookup:ngram=3,gamma=4",
+          "loopspec:d1=2,d2=8",
+          "loopspec:d1=2",
+      ],
+      "tiny-ouro": [
+          "ar",
+          "chain:d1=1,gamma=4",
+          "draft:draft_model=tiny-raven-draft,gamma=4",
+          "draft:draft_model=tiny-raven-draft,gamma=auto",
+          "lookup:ngram=3,gamma=4",
+          "loopspec:d1=1,d2=2",
+      ],
+  }
+  c.out_dir = "results/bench_baselines"
+
+
+def _baselines_quick(c):
+  """The same five methods at a size a busy 2-core machine finishes in ~30 minutes."""
+  c.models = ["tiny-raven"]
+  del c["tasks"], c["samplings"]  # as strings, so --config.tasks=gsm8k / --config.samplings=sample override them
+  c.tasks = "demo,gsm8k"
+  c.samplings = "greedy,sample"
+  c.num_prompts = 2
+  c.max_new_tokens = 64
+  c.repeats = 2
+  c.table = "baselines"
+  c.methods_by_model = {
+      "tiny-raven": [
+          "ar",
+          "chain:d1=2,gamma=8",
+          "draft:draft_model=tiny-raven-draft,gamma=4",
+          "lookup:ngram=3,gamma=4",
+          "loopspec:d1=2,d2=8",
+      ],
+  }
+  c.out_dir = "results/bench_baselines_quick"
+
+
+_PRESETS = {
+    "two": _two,
+    "quick": _quick,
+    "targets": _targets,
+    "baselines": _baselines,
+    "baselines_quick": _baselines_quick,
+}
+
+
+def get_config(arg=None):
+  c = _base()
+  if arg in (None, ""):
+    return c
+  if arg not in _PRESETS:
+    raise ValueError(f"unknown preset {arg!r}; known: {', '.join(_PRESETS)}")
+  _PRESETS[arg](c)
   return c

@@ -44,7 +44,8 @@ def baselines(c, model: str, pair: str):
   c.replay_jsonl = f"results/bundled/{model}/sweep/replay.jsonl"  # gamma with every spawn granted (greedy)
 
 
-def get_config(arg=None):
+def _common():
+  """What every preset shares: GSM8K greedy engine rows, AR interleaved, and the modes' settings."""
   c = default.get_config()
   c.contraction = None
   c.model = "tiny-raven"
@@ -68,62 +69,86 @@ def get_config(arg=None):
   c.headline_out = "results/bundled/headline.md"
   c.headline_wall_clock = "sweep_quiet"  # wall-clock columns from <model>/sweep_quiet/ where present, else sweep/
   c.replay_jsonl = ""  # engine tables compare with this replay ('' = <out_dir>/replay.jsonl)
-  raven = ("tiny_raven", "tiny_raven_sample", "tiny_raven_replay", "tiny_raven_lanes", "tiny_raven_baselines")
-  if arg in (None, "") + raven:
-    c.chain_d1 = 2
-    c.depths_json = "results/bundled/tiny-raven/depths/depths_{task}_{sampling}.json"
-    c.out_dir = "results/bundled/tiny-raven/sweep"
-    # A cover of the 57 feasible pairs, most informative first (a sweep cut short keeps them): the paper's (2, 8),
-    # Theorem 2's prediction for GSM8K greedy (1, 5), the replay's best (1, 3), single proposals and d1 = 4
-    # (add e.g. ';1,2;1,4;1,8;1,16;2,4;2,6;2,16;4,16;8,24' and chain gammas on a quiet machine).
-    c.configs = "2,8;1,5;1,3;1,none;2,none;4,8;4,none;16,none;8,16;8,none"
-    c.chain_gammas = "8"
-    if arg == "tiny_raven_sample":
-      c.samplings = "sample"
-      # Theorem 2's prediction for GSM8K sampled is (2, 6); beside it the paper's (2, 8) and the single
-      # proposal (2, -) (add pairs and chain gammas on a quiet machine).
-      c.configs = "2,6;2,8;2,none"
-      c.chain_d1 = None
-      c.table_md = "sweep_sample.md"  # beside the greedy sweep's sweep.md (same rows file)
-    if arg == "tiny_raven_lanes":  # d1 = 1 with room for every spawn: 32 stages x 4 lanes (the default is x 2)
-      c.configs = "1,5;1,3"
-      c.chain_d1 = None
-      c.lane_capacity = 128
-      c.out_dir = "results/bundled/tiny-raven/sweep_lanes"
-      c.replay_jsonl = "results/bundled/tiny-raven/sweep/replay.jsonl"
-    if arg == "tiny_raven_baselines":
-      baselines(c, "tiny-raven", "2,8")
-      c.chain_gammas = "4,8"  # gamma 4 beside the drafter's
-    if arg == "tiny_raven_replay":
-      c.mode = "replay"
-      c.tasks = TASKS
-      c.configs = ""  # the whole feasible grid
-      c.chain_gammas = "1,2,3,4,6,8,12,16"
-  elif arg in ("tiny_ouro", "tiny_ouro_replay", "tiny_ouro_baselines"):
-    c.model = "tiny-ouro"
-    c.samplings = "greedy,sample"
-    c.configs = ""  # R = 4: (1, 2), (1, 3), (1, -), (2, -)
-    c.chain_d1 = 1
-    c.chain_gammas = "2,3"
-    c.depths_json = "results/bundled/tiny-ouro/depths/depths_{task}_{sampling}.json"
-    c.projection_model = "ouro:1p4b"
-    c.out_dir = "results/bundled/tiny-ouro/sweep"
-    if arg == "tiny_ouro_baselines":
-      baselines(c, "tiny-ouro", "1,2")
-    if arg == "tiny_ouro_replay":
-      c.mode = "replay"
-      c.tasks = TASKS
-      c.samplings = "greedy"
-      c.chain_gammas = "1,2,3,4"
-  elif arg == "ci":  # tests/test_depth_sweep.py: one task, two configurations, a tiny budget
-    c.num_prompts = 1
-    c.max_new_tokens = 8
-    c.repeats = 1
-    c.configs = "2,8;2,none"
+  return c
+
+
+def _tiny_raven(c, arg):
+  """tiny-raven (R = 32): the engine grid + chain, and its sampled / lanes / baselines / replay variants."""
+  c.chain_d1 = 2
+  c.depths_json = "results/bundled/tiny-raven/depths/depths_{task}_{sampling}.json"
+  c.out_dir = "results/bundled/tiny-raven/sweep"
+  # A cover of the 57 feasible pairs, most informative first (a sweep cut short keeps them): the paper's (2, 8),
+  # Theorem 2's prediction for GSM8K greedy (1, 5), the replay's best (1, 3), single proposals and d1 = 4
+  # (add e.g. ';1,2;1,4;1,8;1,16;2,4;2,6;2,16;4,16;8,24' and chain gammas on a quiet machine).
+  c.configs = "2,8;1,5;1,3;1,none;2,none;4,8;4,none;16,none;8,16;8,none"
+  c.chain_gammas = "8"
+  if arg == "tiny_raven_sample":
+    c.samplings = "sample"
+    # Theorem 2's prediction for GSM8K sampled is (2, 6); beside it the paper's (2, 8) and the single
+    # proposal (2, -) (add pairs and chain gammas on a quiet machine).
+    c.configs = "2,6;2,8;2,none"
     c.chain_d1 = None
-    c.replay_prompts = 1
-    c.out_dir = "results/bundled_ci/sweep"
-    c.depths_json = "results/bundled_ci/depths/depths_{task}_{sampling}.json"
-  else:
-    raise ValueError(f"unknown preset {arg!r}")
+    c.table_md = "sweep_sample.md"  # beside the greedy sweep's sweep.md (same rows file)
+  if arg == "tiny_raven_lanes":  # d1 = 1 with room for every spawn: 32 stages x 4 lanes (the default is x 2)
+    c.configs = "1,5;1,3"
+    c.chain_d1 = None
+    c.lane_capacity = 128
+    c.out_dir = "results/bundled/tiny-raven/sweep_lanes"
+    c.replay_jsonl = "results/bundled/tiny-raven/sweep/replay.jsonl"
+  if arg == "tiny_raven_baselines":
+    baselines(c, "tiny-raven", "2,8")
+    c.chain_gammas = "4,8"  # gamma 4 beside the drafter's
+  if arg == "tiny_raven_replay":
+    c.mode = "replay"
+    c.tasks = TASKS
+    c.configs = ""  # the whole feasible grid
+    c.chain_gammas = "1,2,3,4,6,8,12,16"
+
+
+def _tiny_ouro(c, arg):
+  """tiny-ouro (R = 4): the whole grid, greedy and sampled; its baselines and replay variants."""
+  c.model = "tiny-ouro"
+  c.samplings = "greedy,sample"
+  c.configs = ""  # R = 4: (1, 2), (1, 3), (1, -), (2, -)
+  c.chain_d1 = 1
+  c.chain_gammas = "2,3"
+  c.depths_json = "results/bundled/tiny-ouro/depths/depths_{task}_{sampling}.json"
+  c.projection_model = "ouro:1p4b"
+  c.out_dir = "results/bundled/tiny-ouro/sweep"
+  if arg == "tiny_ouro_baselines":
+    baselines(c, "tiny-ouro", "1,2")
+  if arg == "tiny_ouro_replay":
+    c.mode = "replay"
+    c.tasks = TASKS
+    c.samplings = "greedy"
+    c.chain_gammas = "1,2,3,4"
+
+
+def _ci(c, arg):
+  """tests/test_depth_sweep.py: one task, two configurations, a tiny budget."""
+  del arg
+  c.num_prompts = 1
+  c.max_new_tokens = 8
+  c.repeats = 1
+  c.configs = "2,8;2,none"
+  c.chain_d1 = None
+  c.replay_prompts = 1
+  c.out_dir = "results/bundled_ci/sweep"
+  c.depths_json = "results/bundled_ci/depths/depths_{task}_{sampling}.json"
+
+
+_RAVEN = ("tiny_raven", "tiny_raven_sample", "tiny_raven_replay", "tiny_raven_lanes", "tiny_raven_baselines")
+_PRESETS = {
+    **{name: _tiny_raven for name in _RAVEN},
+    **{name: _tiny_ouro for name in ("tiny_ouro", "tiny_ouro_replay", "tiny_ouro_baselines")},
+    "ci": _ci,
+}
+
+
+def get_config(arg=None):
+  arg = arg or "tiny_raven"
+  if arg not in _PRESETS:
+    raise ValueError(f"unknown preset {arg!r}; known: {', '.join(_PRESETS)}")
+  c = _common()
+  _PRESETS[arg](c, arg)
   return c
