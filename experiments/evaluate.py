@@ -6,7 +6,7 @@ through the `loopspec_jax` backend (`loopspec_jax.integrations.lm_eval`), with t
 appended (one fsynced line) as soon as it is measured: the harness's results JSON of that run (results,
 configs, versions, n-shot, n-samples, config) under "lm_eval", the task's metrics, and our speed statistics of
 its generate calls (tokens, decode seconds after compilation, tokens/s, mean accepted length, commit sources;
-`experiments.common.aggregate`). A rerun skips the (task, method) rows already there (same model, limit,
+summed `DecodeStats`). A rerun skips the (task, method) rows already there (same model, limit,
 few-shot, generation overrides, batch size, depth and seed), so a killed evaluation resumes without losing or
 duplicating a row. The table (<out_dir>/eval.md, also printed) puts accuracy beside speed:
 
@@ -34,6 +34,7 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax import tasks as offline_tasks
+from loopspec_jax import methods as methods_lib
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.experiments import common
 
@@ -48,13 +49,12 @@ class EvaluationInterrupted(RuntimeError):
   """Raised after `stop_after` new rows (the config's stand-in for a killed evaluation)."""
 
 
-def split_methods(text) -> List[tuple]:
-  """'ar;loopspec:d1=2,d2=8' (or a list of specs) -> [('ar', {}), ('loopspec', {'d1': 2, 'd2': 8})]."""
-  specs = list(text) if isinstance(text, (list, tuple)) else [s for s in str(text).split(";")]
-  out = [common.parse_method(s) for s in specs if s.strip()]
+def split_methods(text) -> list:
+  """'ar;loopspec:d1=2,d2=8' (or a list of specs) -> [AR(), LoopSpec(d1=2, d2=8)]."""
+  out = methods_lib.parse_list(list(text) if isinstance(text, (list, tuple)) else str(text))
   if not out:
     raise ValueError("no methods given")
-  labels = [common.method_label(n, kw) for n, kw in out]
+  labels = [m.label for m in out]
   if len(set(labels)) != len(labels):
     raise ValueError(f"methods repeat: {labels}")
   return out
@@ -75,10 +75,7 @@ def check_config(cfg) -> tuple:
   tasks = common.split_list(cfg.tasks)
   if not tasks:
     raise ValueError("no tasks given")
-  methods = split_methods(cfg.methods)
-  for name, _ in methods:
-    if name not in ("ar", "chain", "loopspec"):
-      raise ValueError(f"unknown method {name!r}; expected ar, chain or loopspec")
+  methods = split_methods(cfg.methods)  # any registered method; an unknown name is refused here
   check_code_opt_in(cfg, tasks)
   if cfg.limit is not None and cfg.limit < 1:
     raise ValueError(f"limit must be >= 1 or none, got {cfg.limit}")
@@ -254,7 +251,7 @@ def run_evaluation(cfg, model=None) -> dict:
   tm = task_manager(tasks)
   tasks = expand_tags(tm, tasks)
   check_code_opt_in(cfg, tasks)
-  label_of = {common.method_label(n, kw): (n, kw) for n, kw in methods}
+  label_of = {m.label: m for m in methods}
   jsonl = os.path.join(cfg.out_dir, "eval.jsonl")
   existing = {row["key"]: row for row in DA.read_jsonl(jsonl)}
   model_label = cfg.get("model_label") or cfg.model
@@ -282,17 +279,15 @@ def run_evaluation(cfg, model=None) -> dict:
         if cfg.get("stop_after") is not None and new_rows >= cfg.stop_after:
           raise EvaluationInterrupted(f"stopped after {new_rows} new rows (stop_after)")
         if label not in lms:
-          name, kw = label_of[label]
           lms[label] = backend.LoopSpecLM(
               model=model,
               tokenizer=cfg.tokenizer or None,
-              method=name,
+              method=label_of[label],
               batch_size=cfg.batch_size,
               max_gen_toks=cfg.max_gen_toks,
               depth=cfg.depth,
               seed=cfg.seed,
               warmup=cfg.warmup,
-              **kw,
           )
         if cfg.progress:
           print(f"evaluate {model_label} / {task} / {label}", flush=True)

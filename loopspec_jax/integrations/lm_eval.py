@@ -116,6 +116,7 @@ class LoopSpecLM(TemplateLM):
     tokenizer      a tokenizer.json path or bundled model name, for checkpoints without a tokenizer
     dtype          parameter dtype when loading (default float32)
     method         a method name or spec of `loopspec_jax.methods` ('ar' (default), 'chain', 'loopspec:2,8',
+                   or in Python a `Method` object,
                    'lookup', ...); d1, d2, gamma, lane_capacity and any other argument of that method may
                    also be given as model arguments
     batch_size     requests per generate call (default 1: one request at a time, as the paper measures)
@@ -133,7 +134,7 @@ class LoopSpecLM(TemplateLM):
       model=None,
       tokenizer=None,
       dtype: str = "float32",
-      method: str = "ar",
+      method="ar",
       d1=None,
       d2=None,
       gamma=None,
@@ -150,7 +151,7 @@ class LoopSpecLM(TemplateLM):
   ):
     super().__init__()
     given = {"d1": d1, "d2": d2, "gamma": gamma, "lane_capacity": lane_capacity}
-    extra = {k: v for k, v in unknown.items() if k in methods.argument_names(str(method))}
+    extra = {k: v for k, v in unknown.items() if k in methods.argument_names(method)}
     unknown = {k: v for k, v in unknown.items() if k not in extra}
     if unknown:
       raise ValueError(
@@ -170,7 +171,7 @@ class LoopSpecLM(TemplateLM):
     self.cfg = model.config
     # The method, its arguments and depths are validated now, before any request compiles anything.
     args = {k: methods.parse_value(str(v)) if isinstance(v, str) else v for k, v in {**given, **extra}.items()}
-    self.method = methods.resolve(str(method), model, **args)
+    self.method = methods.resolve(method, model, **args)
     if isinstance(batch_size, str) and batch_size.startswith("auto"):
       log.warning("batch_size=%r: automatic batch sizing is not supported, using 1", batch_size)
       batch_size = 1
