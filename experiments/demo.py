@@ -151,6 +151,7 @@ def main(argv):
     if name == "greedy":
       same = ar_out == ls_out and (single is None or single[0] == ar_out)
       print(f"greedy outputs identical: {same}")
+  print("\nthese figures are this host's; every method, model and host measured: docs/benchmarks.md")
 
 
 def run():
