@@ -27,6 +27,6 @@ def get_config(arg=None):
   c.compare_single_proposal = True
   # Sampled LoopSpec's gate also asks for this much residual mass sum(max(0, p_d2 - q1)) before it spends a
   # branch lane on a second proposal (0: the paper's gate, which opens for about half of the d2 lanes here
-  # on float-level differences; lossless either way, see README "The second proposal's gate").
+  # on float-level differences; lossless either way, see docs/engine.md "The second proposal's gate").
   c.gate_mass = 0.1
   return c

@@ -106,8 +106,8 @@ def cache_note(model, d1: int, ratio: float, backend: str, cache_bytes: int) -> 
       f"reads the same KV bytes ({kv_100 / 1e6:.1f} MB per 100 cached positions: every depth attends to its own "
       f"slot), to save weight reads, but this model's {core / 1e6:.1f} MB of core weights fit the CPU's "
       f"{cache_bytes / 2**20:.0f} MiB cache; `loopspec-row-cost` measures what that leaves, "
-      "`loopspec-bench --config=bench/default.py:memory_bound` decodes a model larger than the cache (README, "
-      "Benchmarks)"
+      "`loopspec-bench --config=bench/default.py:memory_bound` decodes a model larger than the cache "
+      "(docs/benchmarks.md)"
   )
 
 

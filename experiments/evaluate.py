@@ -16,7 +16,7 @@ duplicating a row. The table (<out_dir>/eval.md, also printed) puts accuracy bes
 equal AR's document for document (greedy decoding: every method is lossless, so yes, and accuracy is equal).
 
   loopspec-evaluate                                    # configs/eval/default.py
-  loopspec-evaluate --config=eval/default.py:bundled   # the README table
+  loopspec-evaluate --config=eval/default.py:bundled   # the docs/evaluation.md table
   python -m loopspec_jax.experiments.evaluate --config=eval/default.py:quick --config.out_dir=/tmp/eval
 """
 

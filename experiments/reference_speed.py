@@ -23,7 +23,7 @@ The reference is not part of this repository. Get it with
   git clone https://github.com/seal-rg/recurrent-pretraining /tmp/recurrent-pretraining   # measured at 59e0b69
 and run, in an environment with torch and transformers (4.56 was used; keep torch out of the project venv):
   python -m loopspec_jax.experiments.reference_speed --reference_dir=/tmp/recurrent-pretraining/recpre
-(README, "AR against the public PyTorch reference", has the environment and the latest table.)
+(docs/benchmarks.md, "AR against the public PyTorch reference", has the environment and the latest table.)
 """
 
 from __future__ import annotations

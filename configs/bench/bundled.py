@@ -3,7 +3,7 @@
   loopspec-bench --config=bench/bundled.py          # (paths relative to configs/ work anywhere)
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
   loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
-  loopspec-bench --config=bench/bundled.py:targets  # the README table: 4 demo + 4 GSM8K prompts
+  loopspec-bench --config=bench/bundled.py:targets  # the docs/benchmarks.md table: 4 demo + 4 GSM8K prompts
   loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (both models)
   loopspec-bench --config=bench/bundled.py:baselines_quick  # the same, 2 + 2 prompts, 64 tokens, no auto rows
 
@@ -40,7 +40,7 @@ def _base():
 
 
 def _two(c):
-  """The README table: two prompt sets, both samplings."""
+  """The docs/benchmarks.md table: two prompt sets, both samplings."""
   c.tasks = ["gsm8k", "shakespeare"]
   c.out_dir = "results/bench_bundled_two"
 

@@ -1,7 +1,7 @@
 """Task accuracy beside decoding speed through lm-evaluation-harness (loopspec-evaluate).
 
   loopspec-evaluate                                    # this config: tiny-raven, the offline GSM8K-CoT + MATH-500
-  loopspec-evaluate --config=eval/default.py:bundled   # the README table (4 tasks, 10 documents, 3 methods)
+  loopspec-evaluate --config=eval/default.py:bundled   # the docs/evaluation.md table (4 tasks, 10 documents, 3 methods)
   loopspec-evaluate --config=eval/default.py:quick     # 2 GSM8K-CoT documents, AR and LoopSpec
   loopspec-evaluate --config.model=/path/to/huginn-0125 --config.dtype=bfloat16 \
       --config.methods='ar;loopspec:d1=2,d2=8' --config.tasks=gsm8k_cot,minerva_math500 --config.limit=none
@@ -41,7 +41,7 @@ def get_config(arg=None):
   c.out_dir = "results/eval"
   c.stop_after = config_dict.placeholder(int)  # raise after this many new rows (a killed run, for tests)
   c.progress = True
-  if arg == "bundled":  # the README table: the bundled Huginn-style model, four offline tasks, three methods
+  if arg == "bundled":  # the docs/evaluation.md table: the bundled Huginn-style model, four offline tasks, three methods
     c.tasks = "loopspec_gsm8k_cot,loopspec_minerva_math500,loopspec_humaneval,loopspec_mbpp"
     c.methods = "ar;chain:d1=2,gamma=8;loopspec:d1=2,d2=8"
     c.limit = 10

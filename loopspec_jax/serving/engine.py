@@ -522,7 +522,7 @@ class Engine:
     return c["gate_opens"] / max(c["gate_evals"], 1)
 
   def prometheus(self) -> str:
-    """The metrics in Prometheus text format (see README 'Serving')."""
+    """The metrics in Prometheus text format (docs/serving.md)."""
     m = self.metrics
     now = time.perf_counter()
     while m.window and m.window[0][0] < now - m.window_seconds:
