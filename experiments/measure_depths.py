@@ -21,6 +21,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import depth_metrics as DA
+from loopspec_jax.analysis import depth_plots
 from loopspec_jax.experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
@@ -90,7 +91,9 @@ def run_depths(cfg, model=None) -> dict:
       summary = DA.summarize_depths(records, r, include_single=cfg.include_single, meta=meta)
       if common.is_main_process():
         common.atomic_write_json(summary_path(cfg.out_dir, task, samp), summary)
-        DA.plot_depths(summary, summary_path(cfg.out_dir, task, samp, "png"), title=f"{label}: {task}, {samp} (R={r})")
+        depth_plots.plot_depths(
+            summary, summary_path(cfg.out_dir, task, samp, "png"), title=f"{label}: {task}, {samp} (R={r})"
+        )
       out[(task, samp)] = summary
       print(format_summary(summary, f"{label} / {task} / {samp}"))
   if common.is_main_process() and out:

@@ -18,15 +18,18 @@ import pytest
 import helpers
 import loopspec_jax
 from loopspec_jax import api
+from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
 from loopspec_jax.configs import models as model_configs
 from loopspec_jax.configs.sweeps import bundled as bundled_config
 from loopspec_jax.configs.sweeps import default as sweep_config
 from loopspec_jax.configs.sweeps import depths as depths_config
-from loopspec_jax.experiments import common
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.experiments import measure_depths
 from loopspec_jax.experiments import sweep
+from loopspec_jax.experiments import sweep_grid
+from loopspec_jax.experiments import sweep_stats
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the notebook is notebooks/ of the checkout
 
@@ -195,15 +198,12 @@ def test_sweep_killed_and_resumed(run):
   assert len(keys) == len(set(keys)) == 1 + len(specs)
   assert rows[:2] == run["partial"]
   assert open(run["jsonl"]).read().endswith("}\n") and "torn" not in open(run["jsonl"]).read()
-  assert {x["label"] for x in rows} == {"ar"} | {loopspec_jax_label(n, kw) for n, kw in specs}
+  assert {x["label"] for x in rows} == {"ar"} | {sweep_grid.row_label(m) for m in specs}
+  assert [sweep_grid.row_label(m) for m in specs] == ["loopspec(d1=1,d2=4)", "chain(d1=2,gamma=2)"]
   before = open(run["jsonl"]).read()
   again = sweep.run_sweep(scfg, run["model"])  # nothing left to do
   assert open(run["jsonl"]).read() == before
   assert [x["key"] for x in again["rows"]] == keys
-
-
-def loopspec_jax_label(name, kw):
-  return common.method_label(name, kw)
 
 
 def test_sweep_rows_and_table(run):
@@ -282,6 +282,29 @@ def test_interleaved_wall_clock(run):
     assert len(x["ar_decode_seconds_interleaved"]) == len(x["decode_seconds_all"]) == run["scfg"].repeats
     assert x["wall_clock_ratio"] == pytest.approx(np.median(x["wall_clock_ratios_paired"]))
     assert x["wall_clock_ratio_reference"] > 0
+
+
+def test_row_labels_and_per_prompt_counts():
+  """Row labels keep the keys of rows written before methods were objects (d2=None, the drafter's config name);
+  per-prompt counts come from each prompt's DecodeStats; draft and lookup are the separate drafters."""
+  assert sweep_grid.row_label(methods.AR()) == "ar"
+  assert sweep_grid.row_label(methods.LoopSpec(d1=2, d2=None, lane_capacity=64)) == "loopspec(d1=2,d2=None)"
+  assert sweep_grid.row_label(methods.Chain(d1=2, gamma=4)) == "chain(d1=2,gamma=4)"
+  assert (
+      sweep_grid.row_label(methods.Draft(gamma="auto"), "tiny-raven-draft")
+      == "draft(draft_model=tiny-raven-draft,gamma=auto)"
+  )
+  assert sweep_grid.row_label(methods.Lookup(ngram=3, gamma=4)) == "lookup(ngram=3,gamma=4)"
+  assert [c.separate_drafter for c in methods.REGISTRY.values()] == [False, False, False, True, True]
+  settings = {"recurrence": 4, "gamma": 2, "gamma_max": 2, "draft_layer_calls": 1.0, "verify_layer_calls": 4.0}
+  rows = {"tokens": [6], "rounds": [3], "accepted": [3], "first": [3], "drafted": [6], "examined": [5], "restart": [3]}
+  one = DecodeStats("draft", settings, rows, {"iterations": 3, "draft_steps": 6})
+  assert sweep_stats.per_prompt_counts([one, one]) == [[6, 3, 3, 6, 5]] * 2
+  agg = DecodeStats.total([one, one]).summary()
+  assert agg["tokens_per_round"] == 2.0 and agg["alpha"] == pytest.approx(0.6) and agg["mean_gamma"] == 2.0
+  assert agg["draft_cost_share"] == pytest.approx(12 / (12 + 24))
+  m = methods.Draft(gamma=2)
+  assert sweep_stats.gamma_standard_error(m, 4, [[6, 3, 3, 6, 5], [6, 2, 4, 4, 4]]) == pytest.approx(0.5)
 
 
 def test_standard_errors_and_fit_quality():

@@ -6,8 +6,8 @@ forward of prompt + generated tokens that reads out every depth 1..R (the same c
 same `sampling.process_logits` the decoders use: greedy agreement (argmax equality), TV(p_r, p_R) and
 KL(p_R || p_r). Per-prompt sums go to a JSONL file one complete line at a time, so a killed run resumes.
 `summarize_depths` turns them into per-depth means, the power-law fits of Theorem 2 and the predicted
-(d1, d2); `plot_depths` draws them. The JSONL helpers and chain / cost-identity helpers here are shared with
-experiments/sweep.py and notebooks/sweep_analysis.ipynb.
+(d1, d2); `depth_plots.plot_depths` draws them. The JSONL helpers and chain / cost-identity helpers here are
+shared with experiments/sweep*.py, experiments/evaluate.py and notebooks/sweep_analysis.ipynb.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ __all__ = [
     "depth_metrics",
     "measure_depths",
     "summarize_depths",
-    "plot_depths",
     "predicted_loopspec",
     "fit_chain_acceptance",
     "implied_chain_acceptance",
@@ -331,46 +330,56 @@ def summarize_depths(
       "meta": meta or {},
   }
   out["tv_floor"] = tv_floor
-  d, t = np.asarray(depths[:-1], float), tv[:-1]
+  out["fits"] = _power_law_fits(np.asarray(depths[:-1], float), tv[:-1], 1.0 - agree[:-1], tv_floor)
+  env = out["fits"]["envelope"]
+  if env is not None and env["alpha"] > 0 and env["beta"] > 0:
+    out["theorem2"] = _theorem2(r, tv, env, out["fits"]["least_squares"], include_single)
+  return out
+
+
+def _power_law_fits(d: np.ndarray, tv: np.ndarray, disagreement: np.ndarray, tv_floor: float) -> dict:
+  """The least-squares fit and envelope of mean TV by depth d (depths 1..R-1), and the envelope of greedy
+  disagreement, each over the depths above `tv_floor` (None where fewer than two remain)."""
+  fits = {"least_squares": None, "envelope": None, "disagreement_envelope": None}
   for name, y, env in (
-      ("least_squares", t, False),
-      ("envelope", t, True),
-      ("disagreement_envelope", 1.0 - agree[:-1], True),
+      ("least_squares", tv, False),
+      ("envelope", tv, True),
+      ("disagreement_envelope", disagreement, True),
   ):
     keep = y > tv_floor
     try:
       beta, alpha = theory.fit_power_law(d[keep], y[keep], envelope=env)
-      out["fits"][name] = {"beta": beta, "alpha": alpha, **theory.power_law_fit_quality(d[keep], y[keep], beta, alpha)}
+      fits[name] = {"beta": beta, "alpha": alpha, **theory.power_law_fit_quality(d[keep], y[keep], beta, alpha)}
     except ValueError:
       pass
-  env = out["fits"]["envelope"]
-  if env is not None and env["alpha"] > 0 and env["beta"] > 0:
-    beta, alpha = env["beta"], env["alpha"]
-    d1s, d2s = theory.optimal_depths(r, beta, alpha)
-    two = theory.best_feasible_depths(r, beta, alpha) if theory.feasible_configs(r) else None
-    best = theory.best_feasible_depths(r, beta, alpha, include_single=include_single)
-    out["theorem2"] = {
-        "optimal_continuous": [d1s, d2s],
-        "best_feasible_two_proposal": None if two is None else list(two),
-        "best_feasible": list(best),
-        "include_single": include_single,
-        "predicted_gamma_bound": theory.predicted_gamma_bound(r, best[0], best[1], beta, alpha),
-        "cost_bound": {
-            f"{c[0]},{c[1]}": theory.cost_bound(r, c[0], c[1], beta, alpha)
-            for c in theory.feasible_configs(r, include_single=True)
-        },
-    }
-    # Predicted gamma of every feasible pair: the guaranteed R / J, and the point estimates from the measured
-    # curve (cost identity at P(reject x1) = E[TV_d1], P(restart) = E[TV_d2]) and from the least-squares fit.
-    feas = theory.feasible_configs(r, include_single=True)
-    out["theorem2"]["gamma_bound"] = {f"{a},{b}": r / out["theorem2"]["cost_bound"][f"{a},{b}"] for a, b in feas}
-    p = lambda d: min(float(tv[d - 1]), 1.0)
-    out["theorem2"]["gamma_curve"] = {
-        f"{a},{b}": theory.expected_gamma(r, a, b, p(a), None if b is None else min(p(b), p(a))) for a, b in feas
-    }
-    ls = out["fits"]["least_squares"]
-    if ls is not None:
-      out["theorem2"]["gamma_fit"] = {f"{a},{b}": theory.curve_gamma(r, a, b, ls["beta"], ls["alpha"]) for a, b in feas}
+  return fits
+
+
+def _theorem2(r: int, tv: np.ndarray, env: dict, ls: Optional[dict], include_single: bool) -> dict:
+  """Theorem 2 from the TV envelope `env` (beta, alpha): the continuous optimum, the best feasible pairs, and
+  every feasible pair's cost bound and predicted gamma (the guaranteed R / J, and point estimates from the
+  measured curve `tv` [R] and from the least-squares fit `ls`)."""
+  beta, alpha = env["beta"], env["alpha"]
+  d1s, d2s = theory.optimal_depths(r, beta, alpha)
+  two = theory.best_feasible_depths(r, beta, alpha) if theory.feasible_configs(r) else None
+  best = theory.best_feasible_depths(r, beta, alpha, include_single=include_single)
+  feas = theory.feasible_configs(r, include_single=True)
+  out = {
+      "optimal_continuous": [d1s, d2s],
+      "best_feasible_two_proposal": None if two is None else list(two),
+      "best_feasible": list(best),
+      "include_single": include_single,
+      "predicted_gamma_bound": theory.predicted_gamma_bound(r, best[0], best[1], beta, alpha),
+      "cost_bound": {f"{c[0]},{c[1]}": theory.cost_bound(r, c[0], c[1], beta, alpha) for c in feas},
+  }
+  # The guaranteed R / J, and the cost identity at P(reject x1) = E[TV_d1], P(restart) = E[TV_d2] of the curve.
+  out["gamma_bound"] = {f"{a},{b}": r / out["cost_bound"][f"{a},{b}"] for a, b in feas}
+  p = lambda d: min(float(tv[d - 1]), 1.0)
+  out["gamma_curve"] = {
+      f"{a},{b}": theory.expected_gamma(r, a, b, p(a), None if b is None else min(p(b), p(a))) for a, b in feas
+  }
+  if ls is not None:
+    out["gamma_fit"] = {f"{a},{b}": theory.curve_gamma(r, a, b, ls["beta"], ls["alpha"]) for a, b in feas}
   return out
 
 
@@ -389,45 +398,6 @@ def ratio_standard_error(sums: Sequence[Sequence[float]], counts: Sequence[int])
   m = x.sum(0) / n.sum()
   resid = x - m * n.reshape((-1,) + (1,) * (x.ndim - 1))
   return np.sqrt(k / (k - 1) * np.sum(resid**2, axis=0)) / n.sum()
-
-
-def plot_depths(summary: dict, path: str, title: str = ""):
-  """Log-log plot of mean TV and greedy disagreement by depth with the fitted power laws (PNG via Agg)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  d = np.asarray(summary["depths"], float)
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for key, label, marker in (("mean_tv", "E[TV(p_r, p_R)]", "o"), ("disagreement", "P(argmax p_r != argmax p_R)", "s")):
-    y = np.asarray(summary[key], float)
-    ok = y > 0
-    ax.plot(d[ok], y[ok], marker=marker, ls="-", label=label)
-  grid = np.linspace(1, max(d[-1] - 1, 1.5), 100)
-  for key, style, label in (("envelope", "k--", "envelope"), ("least_squares", "k:", "least squares")):
-    f = summary["fits"].get(key)
-    if f:
-      ax.plot(
-          grid,
-          theory.power_law(grid, f["beta"], f["alpha"]),
-          style,
-          label=f"{label}: {f['beta']:.3g} r^-{f['alpha']:.2f}",
-      )
-  t2 = summary.get("theorem2")
-  if t2:
-    for x, c in zip(t2["optimal_continuous"], ("tab:red", "tab:purple")):
-      ax.axvline(x, color=c, alpha=0.4, lw=1)
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xlabel("depth r")
-  ax.set_ylabel("distance to depth R")
-  ax.set_title(title or f"readout distance by depth (R={summary['recurrence']}, {summary['positions']} positions)")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------------------------

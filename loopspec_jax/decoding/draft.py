@@ -404,6 +404,7 @@ class Draft(Method):
 
   name = "draft"
   positional = ("draft_model", "gamma")
+  separate_drafter = True
   # a LoopedModel, or a bundled model's name / a checkpoint directory (loaded once per process)
   draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
   gamma: Union[int, str, None] = None

@@ -138,6 +138,7 @@ class Lookup(Method):
 
   name = "lookup"
   positional = ("ngram", "gamma")
+  separate_drafter = True
   ngram: Optional[int] = None
   gamma: Union[int, str, None] = None
 

@@ -23,6 +23,8 @@ class Method:
   name: ClassVar[str] = ""
   # fields a spec string may give positionally, in order ('loopspec:2,8' == 'loopspec:d1=2,d2=8')
   positional: ClassVar[tuple] = ()
+  # drafts come from outside the target's own depths (a draft model, the prompt): figures per verify pass, no d1
+  separate_drafter: ClassVar[bool] = False
 
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError for arguments the model `cfg` cannot take (runs before anything compiles)."""
