@@ -82,6 +82,7 @@ def test_disconnect_frees_the_slot_and_full_queue_is_429(served):
   with pytest.raises(openai.RateLimitError) as info:
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
   assert info.value.status_code == 429 and "queue is full" in info.value.message
+  assert info.value.response.headers["retry-after"] == "1"
   assert _metric(base, "loopspec_requests_waiting") == 2 and _metric(base, "loopspec_requests_running") == 2
   for s in streams:
     s.close()  # disconnect mid-stream

@@ -132,15 +132,12 @@ def stream_flags(body) -> tuple:
   return stream, opts.get("include_usage", False)
 
 
-def encode(engine: Engine, text: str) -> list:
-  """Token ids of a text prompt. `encode_batch` of HF tokenizers releases the GIL (plain `encode` does not),
-  so a long prompt tokenized on a worker thread does not stall the event loop; same ids as `model.encode`."""
-  tok = engine.model.tokenizer
-  if tok is None:
+def encode(engine: Engine, text: str, encoder=None) -> list:
+  """Token ids of a text prompt (`encoder`: a tokenize.TextEncoder, which keeps long texts off this process's
+  GIL; None: the model's tokenizer on this thread)."""
+  if engine.model.tokenizer is None:
     raise APIError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
-  if hasattr(tok, "encode_batch"):
-    return tok.encode_batch([text])[0].ids
-  return engine.model.encode(text)
+  return encoder.encode(text) if encoder is not None else engine.model.encode(text)
 
 
 def sampling_request(body, engine: Engine, ids: list) -> Request:
@@ -162,7 +159,7 @@ def sampling_request(body, engine: Engine, ids: list) -> Request:
     raise APIError(400, str(e), e.param) from None
 
 
-def parse_completion(body, engine: Engine, model_name: str) -> Parsed:
+def parse_completion(body, engine: Engine, model_name: str, encoder=None) -> Parsed:
   """A /v1/completions body -> Parsed; raises APIError naming the offending field. Tokenizes: call it off
   the event loop."""
   check_common(body, model_name, COMPLETION_FIELDS)
@@ -173,7 +170,7 @@ def parse_completion(body, engine: Engine, model_name: str) -> Parsed:
   if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
     prompt = prompt[0]  # a batch of one prompt
   if isinstance(prompt, str):
-    ids = encode(engine, check_text(prompt, "prompt"))
+    ids = encode(engine, check_text(prompt, "prompt"), encoder)
   elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
     ids = prompt
   else:
@@ -181,7 +178,7 @@ def parse_completion(body, engine: Engine, model_name: str) -> Parsed:
   return Parsed(sampling_request(body, engine, ids), stream, include_usage)
 
 
-def parse_chat(body, engine: Engine, model_name: str, template) -> Parsed:
+def parse_chat(body, engine: Engine, model_name: str, template, encoder=None) -> Parsed:
   """A /v1/chat/completions body -> Parsed: the messages rendered by `template` (chat.ChatTemplate, or None:
   a 400 saying the model has none), then tokenized as a completion prompt."""
   check_common(body, model_name, CHAT_FIELDS)
@@ -210,7 +207,7 @@ def parse_chat(body, engine: Engine, model_name: str, template) -> Parsed:
     prompt = template.render(messages)
   except Exception as e:  # the template's raise_exception, or a template error
     raise APIError(400, f"the chat template refused the messages: {e}", "messages") from None
-  return Parsed(sampling_request(body, engine, encode(engine, prompt)), stream, include_usage)
+  return Parsed(sampling_request(body, engine, encode(engine, prompt, encoder)), stream, include_usage)
 
 
 def finish_reason(reason: Optional[str]) -> Optional[str]:

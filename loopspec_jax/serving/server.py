@@ -14,8 +14,8 @@ Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}} (proto
 `max_body_bytes` (refused from its Content-Length before it is read), 429 with Retry-After when the engine's
 waiting queue is full, 503 with Retry-After before the engine is ready, 500 for a server bug.
 
-Nothing slow runs on the event loop: the body's JSON, tokenization (HF tokenizers' `encode_batch`, which
-releases the GIL) and validation run on a worker thread, so /health answers while a long prompt is
+Nothing slow runs on the event loop: the body's JSON, tokenization (long texts in a child process that holds
+only the tokenizer: tokenize.py) and validation run on a worker thread, so /health answers while a long prompt is
 tokenized. A client that disconnects cancels its request, streamed or not (the non-streamed handler waits on
 the connection's disconnect message too), which frees its slot at the engine's next step.
 The engine runs on its own thread (`Engine.start`); handlers only submit, await and format.
@@ -36,6 +36,7 @@ from fastapi import responses
 from starlette import exceptions as starlette_exceptions
 
 from loopspec_jax.serving import protocol
+from loopspec_jax.serving import tokenize
 from loopspec_jax.serving.engine import Chunk, Engine, QueueFullError
 from loopspec_jax.serving.protocol import APIError
 
@@ -67,7 +68,7 @@ def create_app(
 
   @app.post("/v1/chat/completions")
   async def chat_completions(request: fastapi.Request):
-    parse = lambda body, eng, name: protocol.parse_chat(body, eng, name, ctx.chat_template)
+    parse = lambda body, eng, name, encoder: protocol.parse_chat(body, eng, name, ctx.chat_template, encoder)
     return await ctx.serve(request, parse, _ChatFormat)
 
   return app
@@ -141,6 +142,8 @@ class _Context:
   def __init__(self, engine, model_name, ready, chat_template, max_body_bytes):
     self.engine, self.model_name, self.ready = engine, model_name, ready
     self.chat_template, self.max_body_bytes = chat_template, int(max_body_bytes)
+    tok = engine.model.tokenizer
+    self.encoder = None if tok is None else tokenize.TextEncoder(tok)
 
   def is_ready(self) -> bool:
     return self.ready is None or self.ready.is_set()
@@ -174,7 +177,7 @@ class _Context:
     """Reads, parses (on a worker thread), submits, then streams or answers once."""
     self.check_ready()
     raw = await self.read_body(request)
-    parse_all = lambda: parse(protocol.loads(raw), self.engine, self.model_name)
+    parse_all = lambda: parse(protocol.loads(raw), self.engine, self.model_name, self.encoder)
     parsed: protocol.Parsed = await asyncio.to_thread(parse_all)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
