@@ -36,6 +36,8 @@ The names below are stable; other test files import them:
                                then straddle tokens); `with_pieces(model)` attaches one
   http_server(app)             context manager: `app` served by uvicorn on 127.0.0.1 (a free port) on a
                                thread; yields the base URL once the port answers
+  expected_stop(model, ref, stops)   (text, token ids) of a request whose stop-free continuation is `ref`:
+                               it ends at the first token whose prefix text holds a stop string
   tiny_raven_server(**app_kw)  the session's greedy LoopSpec (2, 8) tiny-raven engine (2 slots, a queue of 2,
                                started once) behind a fresh app: (model, engine, base URL, openai client)
 
@@ -596,3 +598,16 @@ def tiny_raven_server(max_queue: int = 2, **app_kw):
   with http_server(server.create_app(engine, "tiny-raven", **app_kw)) as base:
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
     yield model, engine, base, client
+
+
+def expected_stop(model, ref: list, stops: list) -> tuple:
+  """(text, token ids) of a request with `stops` whose stop-free continuation is `ref` (brute force: the
+  first token whose prefix text holds a stop string ends it; its text is cut where that string starts)."""
+  eos = model.config.eos_id
+  decode = lambda ids: model.decode([t for t in ids if t != eos])
+  for k in range(1, len(ref) + 1):
+    text = decode(ref[:k])
+    hits = [text.find(s) for s in stops if s in text]
+    if hits:
+      return text[: min(hits)], list(ref[:k])
+  return decode(ref), list(ref)

@@ -37,16 +37,7 @@ def _reference_tokens(model, prompt: str, n: int) -> list:
   return list(_solo(prompt, n))
 
 
-def expected(model, ref: list, stops: list) -> tuple:
-  """(text, token ids) of a request with `stops` whose stop-free continuation is `ref` (brute force: the
-  first token whose prefix text holds a stop string ends it)."""
-  decode = lambda ids: model.decode([t for t in ids if t != model.config.eos_id])
-  for k in range(1, len(ref) + 1):
-    text = decode(ref[:k])
-    hits = [text.find(s) for s in stops if s in text]
-    if hits:
-      return text[: min(hits)], ref[:k]
-  return decode(ref), ref
+expected = helpers.expected_stop
 
 
 def _both(client, prompt, n, stop) -> tuple:
