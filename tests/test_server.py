@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-import helpers
+import server_helpers as helpers
 import loopspec_jax as lj
 
 MODEL = "tiny-raven"

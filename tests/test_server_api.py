@@ -21,7 +21,7 @@ import openai
 import pytest
 import requests
 
-import helpers
+import server_helpers as helpers
 from loopspec_jax.serving import chat
 from loopspec_jax.serving import tokenize
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import helpers
+import loopspec_jax as lj
 from loopspec_jax import methods
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import evaluate
@@ -52,5 +53,5 @@ def test_engine_serves_any_registered_method():
   eng = Engine(model, EngineConfig(method="lookup:ngram=2,gamma=3", slots=1, max_len=32, greedy_only=True, eos_id=-1))
   assert eng.method == methods.build("lookup", ngram=2, gamma=3)
   seq = eng.generate(Request(prompt=[1, 2, 3, 1, 2], max_tokens=6))
-  ref = helpers.loopspec_jax.generate(model, [[1, 2, 3, 1, 2]], max_new_tokens=6, method="lookup", ngram=2, gamma=3)
+  ref = lj.generate(model, [[1, 2, 3, 1, 2]], max_new_tokens=6, method="lookup", ngram=2, gamma=3)
   assert seq.tokens == list(ref.tokens[0])

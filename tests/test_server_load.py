@@ -15,7 +15,7 @@ import time
 import openai
 import requests
 
-import helpers
+import server_helpers as helpers
 from loopspec_jax.serving import Request
 
 MODEL = "tiny-raven"

@@ -13,7 +13,7 @@ import functools
 
 import pytest
 
-import helpers
+import server_helpers as helpers
 from loopspec_jax.serving import Request
 
 MODEL = "tiny-raven"
