@@ -12,14 +12,13 @@ import json
 import os
 from typing import Optional
 
-import jinja2
-from jinja2 import sandbox
-
 
 class ChatTemplate:
   """A compiled chat template with the model's bos / eos token text."""
 
   def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+    from jinja2 import sandbox  # the 'serve' extra; imported only when a template is used
+
     env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     self.source = source
@@ -33,6 +32,8 @@ class ChatTemplate:
 
 
 def _raise(message):
+  import jinja2
+
   raise jinja2.TemplateError(message)
 
 

@@ -7,8 +7,10 @@ off the event loop and formats. Every refusal is an `APIError` that renders Open
 Fields: /v1/completions takes model, prompt (text, token ids, or a batch of one), max_tokens, temperature,
 top_p, top_k (an extension; -1 or 0: off), seed, stop (a string or up to `engine.MAX_STOPS` strings), stream,
 stream_options.include_usage, user; /v1/chat/completions takes messages instead of prompt (rendered by the
-model's chat template, `chat.py`) and max_completion_tokens as max_tokens. Refused unless left at their
-defaults (400 naming the field): n, best_of, echo, logprobs, suffix, and the penalties presence_penalty,
+model's chat template, `chat.py`) and max_completion_tokens as max_tokens. Completions also take `logprobs`
+(0..MAX_LOGPROBS alternatives) and `echo` (not streamed; `max_tokens: 0` with echo scores the prompt only):
+the full-depth model's log-probabilities, `scoring.py`. Refused unless left at their
+defaults (400 naming the field): n, best_of, suffix, chat's logprobs, and the penalties presence_penalty,
 frequency_penalty and logit_bias, which would change the target distribution every speculative method verifies
 against; they are not implemented, and accepting them while ignoring them would be silently wrong.
 """
@@ -27,9 +29,6 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # refused with 413 before it is read; 
 _UNSUPPORTED = {
     "n": (1,),
     "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "suffix": ("",),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
@@ -37,8 +36,10 @@ _UNSUPPORTED = {
 }
 _SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
 _COMMON = {"model", "stream", "stream_options", "user"} | _SAMPLING | set(_UNSUPPORTED)
-COMPLETION_FIELDS = _COMMON | {"prompt"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+_CHAT_UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,)}
+MAX_LOGPROBS = 20  # top alternatives per position
 
 
 class APIError(Exception):
@@ -68,6 +69,9 @@ class Parsed:
   request: Request
   stream: bool
   include_usage: bool
+  logprobs: Optional[int] = None  # completions: alternatives per position (0: only the chosen tokens')
+  echo: bool = False  # completions: the prompt's text (and logprobs) first
+  score_only: bool = False  # echo with max_tokens=0: score the prompt, generate nothing
 
 
 def loads(raw: bytes):
@@ -89,7 +93,7 @@ def check_text(value: str, param: str) -> str:
   return value
 
 
-def check_common(body, model_name: str, fields: set) -> None:
+def check_common(body, model_name: str, fields: set, unsupported: dict = _UNSUPPORTED) -> None:
   """Body shape, model, unknown and unsupported fields (shared by completions and chat)."""
   if not isinstance(body, dict):
     raise APIError(400, "the request body must be a JSON object")
@@ -105,7 +109,7 @@ def check_common(body, model_name: str, fields: set) -> None:
   unknown = sorted(set(body) - fields)
   if unknown:
     raise APIError(400, f"unknown field {unknown[0]!r}", unknown[0])
-  for name, allowed in _UNSUPPORTED.items():
+  for name, allowed in unsupported.items():
     value = body.get(name)
     if value is not None and (value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool)):
       raise APIError(400, f"{name}={value!r} is not supported (only {allowed[0]!r})", name)
@@ -175,13 +179,28 @@ def parse_completion(body, engine: Engine, model_name: str, encoder=None) -> Par
     ids = prompt
   else:
     raise APIError(400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt")
-  return Parsed(sampling_request(body, engine, ids), stream, include_usage)
+  logprobs, echo = body.get("logprobs"), body.get("echo") or False
+  if logprobs is not None and (
+      isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
+  ):
+    raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {logprobs!r}", "logprobs")
+  if not isinstance(echo, bool):
+    raise APIError(400, f"echo must be a boolean, got {echo!r}", "echo")
+  if stream and (echo or logprobs is not None):
+    raise APIError(
+        400,
+        "logprobs and echo are not supported on streamed completions",
+        "logprobs" if logprobs is not None else "echo",
+    )
+  score_only = echo and body.get("max_tokens") == 0  # score the prompt only (lm-eval's loglikelihood can ask so)
+  req = sampling_request(dict(body, max_tokens=1) if score_only else body, engine, ids)
+  return Parsed(req, stream, include_usage, logprobs, echo, score_only)
 
 
 def parse_chat(body, engine: Engine, model_name: str, template, encoder=None) -> Parsed:
   """A /v1/chat/completions body -> Parsed: the messages rendered by `template` (chat.ChatTemplate, or None:
   a 400 saying the model has none), then tokenized as a completion prompt."""
-  check_common(body, model_name, CHAT_FIELDS)
+  check_common(body, model_name, CHAT_FIELDS, dict(_UNSUPPORTED, **_CHAT_UNSUPPORTED))
   stream, include_usage = stream_flags(body)
   if template is None:
     raise APIError(

@@ -2,10 +2,12 @@
 
   POST /v1/completions        prompt as text or token ids; `stream: true` answers server-sent events, one
                               event per committed chunk, then `data: [DONE]`
+                              (`logprobs` / `echo`: the full-depth model's log-probabilities, scoring.py)
   POST /v1/chat/completions   messages rendered by the model's chat template (a 400 when it has none)
   GET  /v1/models, /v1/models/{id}   the one served model
   GET  /health                liveness: 200 {"status": "ok" | "starting", "ready": bool} once the port is open
   GET  /ready                 readiness: 200 once the engine is compiled (`ready` set), else 503
+  GET  /tokenizer_info, POST /tokenize, /detokenize   vLLM's tokenizer routes (lm-eval's remote tokenizer)
   GET  /metrics               Prometheus text (requests running / waiting, tokens/s, mean accepted length,
                               gate-open rate, live lanes)
 
@@ -35,7 +37,9 @@ import fastapi
 from fastapi import responses
 from starlette import exceptions as starlette_exceptions
 
+from loopspec_jax.serving import chat
 from loopspec_jax.serving import protocol
+from loopspec_jax.serving import scoring
 from loopspec_jax.serving import tokenize
 from loopspec_jax.serving.engine import Chunk, Engine, QueueFullError
 from loopspec_jax.serving.protocol import APIError
@@ -61,6 +65,7 @@ def create_app(
   ctx = _Context(engine, model_name, ready, chat_template, max_body_bytes)
   _add_error_handlers(app)
   _add_info_routes(app, ctx)
+  _add_tokenizer_routes(app, ctx)
 
   @app.post("/v1/completions")
   async def completions(request: fastapi.Request):
@@ -136,6 +141,50 @@ def _add_info_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
     return responses.PlainTextResponse(ctx.engine.prometheus(), media_type="text/plain; version=0.0.4")
 
 
+def _add_tokenizer_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
+  """vLLM's /tokenizer_info, /tokenize and /detokenize: what lm-eval's `local-completions` uses as its
+  'remote' tokenizer, so it needs no local copy of the model's tokenizer."""
+
+  def tokenizer():
+    tok = ctx.engine.model.tokenizer
+    if tok is None:
+      raise APIError(400, "this model has no tokenizer", code="no_tokenizer")
+    return tok
+
+  @app.get("/tokenizer_info")
+  async def tokenizer_info():
+    tokenizer()
+    model, template = ctx.engine.model, ctx.chat_template
+    return {
+        "eos_token": chat.token_text(model, model.config.eos_id) or None,
+        "bos_token": chat.token_text(model, getattr(model.config, "bos_id", None)) or None,
+        "pad_token": None,
+        "chat_template": None if template is None else template.source,
+        "model_max_length": ctx.engine.total,
+    }
+
+  @app.post("/tokenize")
+  async def tokenize_route(request: fastapi.Request):
+    body = protocol.loads(await ctx.read_body(request))
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+      raise APIError(400, "prompt must be a string", "prompt")
+    special = body.get("add_special_tokens", True)
+    text = protocol.check_text(body["prompt"], "prompt")
+    ids = await asyncio.to_thread(lambda: tokenizer().encode(text, add_special_tokens=bool(special)).ids)
+    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.engine.total}
+
+  @app.post("/detokenize")
+  async def detokenize_route(request: fastapi.Request):
+    body = protocol.loads(await ctx.read_body(request))
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    vocab = ctx.engine.cfg.vocab_size
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
+    ):
+      raise APIError(400, f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+    return {"prompt": tokenizer().decode(ids)}
+
+
 class _Context:
   """What the completion handlers share: the engine, the served name, readiness and limits."""
 
@@ -182,6 +231,8 @@ class _Context:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     on_chunk = lambda seq, chunk: loop.call_soon_threadsafe(queue.put_nowait, chunk)
+    if parsed.score_only:
+      return await asyncio.to_thread(fmt_cls(self.model_name, len(parsed.request.prompt)).scored, self, parsed)
     try:
       seq = self.engine.submit(parsed.request, on_chunk=on_chunk)
     except QueueFullError as e:
@@ -189,7 +240,10 @@ class _Context:
       raise APIError(429, str(e), kind="rate_limit_exceeded", code="queue_full", headers=headers) from None
     fmt = fmt_cls(self.model_name, len(parsed.request.prompt))
     if not parsed.stream:
-      return await self._answer(request, seq, queue, fmt)
+      out = await self._answer(request, seq, queue, fmt)
+      if isinstance(out, dict) and (parsed.echo or parsed.logprobs is not None):
+        await asyncio.to_thread(fmt.add_logprobs, out, self, parsed, seq.tokens)
+      return out
     events = self._events(request, seq, queue, fmt, parsed.include_usage)
     return responses.StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -274,6 +328,24 @@ class _CompletionFormat:
   def usage_chunk(self, seq) -> dict:
     out = self.envelope([])
     out["usage"] = protocol.usage(self.prompt_tokens, len(seq.tokens))
+    return out
+
+  def add_logprobs(self, out: dict, ctx: "_Context", parsed, completion: list) -> None:
+    """`logprobs` (and, with echo, the prompt's text first) into a finished answer; runs a forward pass."""
+    model, prompt, choice = ctx.engine.model, list(parsed.request.prompt), out["choices"][0]
+    text_of = model.decode if model.tokenizer is not None else (lambda ids: "")
+    if parsed.logprobs is not None:
+      top = parsed.logprobs
+      choice["logprobs"] = scoring.completion_logprobs(model, prompt, completion, top, parsed.echo, text_of)
+    if parsed.echo:
+      choice["text"] = text_of(prompt) + choice["text"]
+      choice["token_ids"] = prompt + choice["token_ids"]
+
+  def scored(self, ctx: "_Context", parsed) -> dict:
+    """echo with max_tokens=0: the prompt scored, nothing generated."""
+    out = self.envelope([self.choice("", [], "length")])
+    out["usage"] = protocol.usage(self.prompt_tokens, 0)
+    self.add_logprobs(out, ctx, parsed, [])
     return out
 
 
