@@ -97,10 +97,10 @@ def tiny_raven_server(max_queue: int = 2, **app_kw):
     yield model, engine, base, client
 
 
-def expected_stop(model, ref: list, stops: list) -> tuple:
+def expected_stop(model, ref: list, stops: list, eos_id=None) -> tuple:
   """(text, token ids) of a request with `stops` whose stop-free continuation is `ref` (brute force: the
   first token whose prefix text holds a stop string ends it; its text is cut where that string starts)."""
-  eos = model.config.eos_id
+  eos = model.config.eos_id if eos_id is None else eos_id
   decode = lambda ids: model.decode([t for t in ids if t != eos])
   for k in range(1, len(ref) + 1):
     text = decode(ref[:k])
