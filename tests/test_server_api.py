@@ -83,8 +83,8 @@ def test_openai_style_404_405_and_missing_model(served):
         ("presence_penalty", 0.5),
         ("frequency_penalty", -1.0),
         ("logit_bias", {"5": 10}),
-        ("echo", True),
-        ("logprobs", 1),
+        ("n", 2),
+        ("best_of", 3),
     ],
 )
 def test_penalties_and_logit_bias_are_refused(served, field, value):

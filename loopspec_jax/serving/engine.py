@@ -247,14 +247,14 @@ class Engine:
     p = req.prompt
     if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple, np.ndarray)) or len(p) == 0:
       raise RequestError("prompt must be a non-empty list of token ids", "prompt")
-    for t in p:
-      if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
-        raise RequestError(f"prompt has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})", "prompt")
-    if len(p) + int(mt) > self.total:
+    if len(p) + int(mt) > self.total:  # before the per-token check: a huge prompt is refused at once
       raise RequestError(
           f"the prompt has {len(p)} tokens; with max_tokens={mt} it exceeds the context of {self.total} positions",
           "max_tokens" if len(p) < self.total else "prompt",
       )
+    for t in p:
+      if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
+        raise RequestError(f"prompt has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})", "prompt")
     t = req.temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t < float("inf"):
       raise RequestError(f"temperature must be a number >= 0, got {t!r}", "temperature")
