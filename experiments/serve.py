@@ -4,9 +4,9 @@
 
 Settings: configs/serve.py (`--config.<field>=<value>` overrides any of them; `--help` lists them). The model
 is a bundled model name, a checkpoint directory (HF or `lj.save` output) or 'random:<family>:<variant>'; the
-method any spec of the registry (`loopspec_jax.methods.NAMES`). The port opens at once: /health answers
-(liveness) while the engine compiles (`warmup`), /ready and the completion routes answer 503 until it is
-done. Serves POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models[/{id}], /health,
+method any spec of the registry (`loopspec_jax.methods.NAMES`). The port opens once the model is loaded and the
+engine built (its prefill compiled): /health answers (liveness) while the decode loop compiles (`warmup`),
+/ready and the completion routes answer 503 until it is done. Serves POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models[/{id}], /health,
 /ready and /metrics (loopspec_jax/serving/server.py).
 """
 
