@@ -110,6 +110,9 @@ def parse_flags(own: flags.FlagValues, argv: Sequence[str]) -> List[str]:
     delattr(own, name)
   if any(a in ("--help", "-h", "--helpshort", "-?") for a in argv[1:]):
     print(own.get_help())
+    given = [a[len("--config=") :] for a in argv[1:] if a.startswith("--config=")]
+    if given:
+      print(config_help(given[-1]))
     print("Override any config field with --config.<field>=<value>; 'none' spells an absent value.")
     print(f"absl's own flags (--verbosity, ...): {os.path.basename(argv[0])} --helpfull")
     sys.exit(0)  # help asked for is not an error
@@ -122,6 +125,32 @@ def parse_flags(own: flags.FlagValues, argv: Sequence[str]) -> List[str]:
   rest = flags.FLAGS(rest)
   quiet_logs(flags.FLAGS["verbosity"].present)
   return rest
+
+
+def config_help(config_arg: str) -> str:
+  """The fields of a config file (default values of its preset, their comments) and its presets, for --help."""
+  import importlib.util
+  import re
+
+  path, _, variant = resolve_config_arg(config_arg).partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_config_for_help", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(variant or None)
+    source = open(path).read()
+  except Exception as e:  # help must not fail on a config it cannot load
+    return f"(cannot read the config {config_arg!r}: {e})"
+  comments = dict(re.findall(r"^  c\.(\w+) = .*?#\s*(.*)$", source, re.M))
+  presets = sorted(set(re.findall(r"arg == [\"'](\w+)[\"']", source)))
+  name = os.path.relpath(path, CONFIG_DIR) if os.path.abspath(path).startswith(CONFIG_DIR) else path
+  lines = [f"Config fields of {name}{':' + variant if variant else ''} (--config.<field>=<value>):"]
+  for key, value in config.items():
+    shown = NONE if value is None else repr(value)
+    lines.append(f"  {key} = {shown}" + (f"  # {comments[key]}" if key in comments else ""))
+  if presets:
+    lines.append(f"Presets (--config={name}:<preset>): {', '.join(presets)}")
+  return "\n".join(lines)
 
 
 def run(main, own: flags.FlagValues):

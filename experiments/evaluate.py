@@ -171,7 +171,37 @@ def evaluate_one(cfg, lm, task: str, tm) -> dict:
   )
 
 
-def make_row(base: dict, label: str, res: dict, speed: Optional[dict], task: str, seconds: float) -> dict:
+def prompt_cuts(lm, samples: Optional[list]) -> Optional[dict]:
+  """How many generation prompts the backend cut from the left to fit the context (its rule: keep the last
+  max_len - max_gen_toks tokens): {'prompts', 'cut', 'kept_tokens'} (None without samples), so that the table
+  does not call a prompt n-shot when most of its shots were cut away."""
+  if samples is None:
+    return None
+  prompts, cut, kept, seen = 0, 0, None, set()
+  for sample in samples:
+    for args in sample["arguments"]:
+      key = (str(sample["doc_id"]), json.dumps(args, sort_keys=True, default=str))
+      if key in seen or not (isinstance(args, (list, tuple)) and len(args) == 2 and isinstance(args[1], dict)):
+        continue  # a repeat (one sample per filter), or a loglikelihood request (not cut)
+      seen.add(key)
+      keep = lm.cfg.max_len - lm._sampling(dict(args[1]))[1]
+      prompts += 1
+      cut += len(lm.tok_encode(args[0])) > keep
+      kept = keep if kept is None else min(kept, keep)
+  return {"prompts": prompts, "cut": cut, "kept_tokens": kept}
+
+
+def shots_label(row: dict) -> str:
+  """'8' or '8, 10/10 cut to the last 160 tok' (few-shot prompts the backend cut to fit the context)."""
+  shots = row.get("n_shot")
+  text = "-" if shots is None else str(shots)
+  pc = row.get("prompt_cut") or {}
+  if pc.get("cut"):
+    text += f", {pc['cut']}/{pc['prompts']} cut to the last {pc['kept_tokens']} tok"
+  return text
+
+
+def make_row(base: dict, label: str, res: dict, speed: Optional[dict], task: str, seconds: float, cuts=None) -> dict:
   """A JSONL row: what ran, the task's metrics (primary first), speed statistics and the harness's results."""
   metrics = metrics_of(res, task)
   primary = next(iter(metrics), None)
@@ -187,6 +217,8 @@ def make_row(base: dict, label: str, res: dict, speed: Optional[dict], task: str
           "accuracy": metrics.get(primary),
           "metrics": metrics,
           "docs": sum(v.get("effective", 0) for v in res.get("n-samples", {}).values()),
+          "n_shot": res.get("n-shot", {}).get(task),
+          "prompt_cut": cuts,
           "speed": speed,
           "greedy": None if speed is None else speed.get("greedy"),
           "responses_sha256": responses_digest(task_samples),
@@ -225,17 +257,17 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 def table(rows: List[dict]) -> str:
   """The markdown table of the rows (see the module docstring)."""
   head = (
-      "| model | task | method | metric | accuracy | tok/s | ratio vs AR | mean acc. len | commits f/s/r | identical "
-      "| docs |"
+      "| model | task | shots | method | metric | accuracy | tok/s | ratio vs AR | mean acc. len | commits f/s/r "
+      "| identical | docs |"
   )
-  lines = [head, "|" + "---|" * 11]
+  lines = [head, "|" + "---|" * 12]
   for r in rows:
     sp = r.get("speed")
     commits = "-" if not sp else "{first}/{second}/{restart}".format(**sp["commits"])
     ratio = "-" if r.get("ratio_vs_ar") is None else f"{r['ratio_vs_ar']:.2f}x"
     ident = r.get("identical_to_ar")
     lines.append(
-        f"| {r['model']} | {r['task']} | {r['method']} | {r.get('metric') or '-'} | {_fmt(r.get('accuracy'), '.3f')} | "
+        f"| {r['model']} | {r['task']} | {shots_label(r)} | {r['method']} | {r.get('metric') or '-'} | {_fmt(r.get('accuracy'), '.3f')} | "
         f"{_fmt(sp and sp['tokens_per_second'], '.1f')} | {ratio} | {_fmt(sp and sp['mean_accepted_length'], '.2f')} | "
         f"{commits} | {'-' if ident is None else ('yes' if ident else 'NO')} | {r.get('docs', '-')} |"
     )
@@ -269,6 +301,9 @@ def run_evaluation(cfg, model=None) -> dict:
   }
   keys = {(t, l): DA.run_key(**ident, task=t, method=l) for t in tasks for l in label_of}
   todo = [(t, l) for t in tasks for l in label_of if keys[(t, l)] not in existing]
+  skipped = [f"{t} / {l}" for t in tasks for l in label_of if keys[(t, l)] in existing]
+  if skipped:  # said even without progress: a resumed table mixes runs
+    print(f"resuming: {len(skipped)} row(s) already in {jsonl}, skipped: {'; '.join(skipped)}", flush=True)
   new_rows = 0
   try:
     if todo:
@@ -295,7 +330,8 @@ def run_evaluation(cfg, model=None) -> dict:
         res = evaluate_one(cfg, lms[label], task, tm)
         speed = lms[label].speed_stats()  # every call since evaluate_one's reset (a group's subtasks too)
         base = {"key": keys[(task, label)], "model": model_label, "task": task, "settings": ident}
-        row = make_row(base, label, res, speed, task, time.perf_counter() - t0)
+        cuts = prompt_cuts(lms[label], res.get("samples", {}).get(task))
+        row = make_row(base, label, res, speed, task, time.perf_counter() - t0, cuts)
         if common.is_main_process():
           if cfg.log_samples:
             _write_samples(cfg, task, label, res)

@@ -1,59 +1,51 @@
 """loopspec-serve: an OpenAI-compatible completions server with continuous batching (FastAPI + uvicorn).
 
-  loopspec-serve --model=tiny-raven --method=loopspec --d1=2 --d2=8 --port=8000
+  loopspec-serve --config.model=tiny-raven --config.method=loopspec:2,8 --config.port=8000
 
---model is a bundled model name, a checkpoint directory (HF or `lj.save` output) or 'random:<family>:<variant>'.
-The engine (`loopspec_jax.serving.Engine`) compiles its decode loop before the port opens (--warmup), then
-serves POST /v1/completions (streamed or not), GET /v1/models, GET /health and GET /metrics.
+Settings: configs/serve.py (`--config.<field>=<value>` overrides any of them; `--help` lists them). The model
+is a bundled model name, a checkpoint directory (HF or `lj.save` output) or 'random:<family>:<variant>'; the
+method any spec of the registry (`loopspec_jax.methods.NAMES`). The port opens once the model is loaded and the
+engine built (its prefill compiled): /health answers (liveness) while the decode loop compiles (`warmup`),
+/ready and the completion routes answer 503 until it is done. Serves POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models[/{id}], /health,
+/ready and /metrics (loopspec_jax/serving/server.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Optional
 
 from absl import flags
+from ml_collections import config_flags
 
+from loopspec_jax import methods
 from loopspec_jax.experiments import common
 from loopspec_jax.serving import Engine, EngineConfig, Request
 
 FLAGS = flags.FlagValues()
-flags.DEFINE_string(
-    "model", "tiny-raven", "Bundled model, checkpoint directory or random:<family>:<variant>.", flag_values=FLAGS
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    common.config_path("serve.py"),
+    f"Server settings (methods: {', '.join(methods.NAMES)}).",
+    flag_values=FLAGS,
 )
-flags.DEFINE_string(
-    "served_model_name", None, "The model id clients send (default: --model's basename).", flag_values=FLAGS
-)
-flags.DEFINE_enum("method", "loopspec", ["ar", "chain", "loopspec"], "Decoding method.", flag_values=FLAGS)
-flags.DEFINE_integer("d1", None, "Draft depth (chain, loopspec).", flag_values=FLAGS)
-flags.DEFINE_integer("d2", None, "LoopSpec's second-proposal depth (optional).", flag_values=FLAGS)
-flags.DEFINE_integer("gamma", None, "Chain draft length.", flag_values=FLAGS)
-flags.DEFINE_integer("lane_capacity", None, "LoopSpec lanes per request.", flag_values=FLAGS)
-flags.DEFINE_integer("slots", 4, "Request slots decoded together (continuous batching).", flag_values=FLAGS)
-flags.DEFINE_integer("max_queue", 64, "Waiting requests beyond which submissions get 429.", flag_values=FLAGS)
-flags.DEFINE_integer("ticks_per_call", 16, "Decode-loop iterations per device call.", flag_values=FLAGS)
-flags.DEFINE_boolean(
-    "greedy_only", False, "Compile greedy kernels only (requests must use temperature 0).", flag_values=FLAGS
-)
-flags.DEFINE_integer("max_len", None, "Context per slot (default: the model's).", flag_values=FLAGS)
-flags.DEFINE_integer("seed", 0, "The engine's base PRNG seed.", flag_values=FLAGS)
-flags.DEFINE_string("dtype", "float32", "Parameter dtype.", flag_values=FLAGS)
-flags.DEFINE_string("host", "127.0.0.1", "Address to bind.", flag_values=FLAGS)
-flags.DEFINE_integer("port", 8000, "Port to bind.", flag_values=FLAGS)
-flags.DEFINE_boolean("warmup", True, "Compile (one short request) before opening the port.", flag_values=FLAGS)
 
 
-def build_engine(model_spec: str, *, dtype: str = "float32", mesh=None, **config):
-  """(model, Engine) for a model spec and EngineConfig fields."""
-
+def build_engine(model_spec: str, *, dtype: str = "float32", mesh=None, draft_model: str = "", **config):
+  """(model, Engine) for a model spec and EngineConfig fields (`method`: a spec or Method of the registry;
+  `draft_model`: the drafter's model spec for method 'draft')."""
   model = common.resolve_model(model_spec, dtype=dtype)
+  if draft_model:
+    config["method"] = methods.build(
+        config.get("method", "draft"), draft_model=common.resolve_model(draft_model, dtype=dtype)
+    )
   return model, Engine(model, EngineConfig(**config), mesh=mesh)
 
 
 def warm_up(engine) -> None:
   """Runs one short request through prefill, admission and the decode loop so that they are compiled."""
-
   engine.generate(Request(prompt=[1, 2, 3], max_tokens=2, temperature=0.0))
 
 
@@ -61,37 +53,55 @@ def served_name(model_spec: str, name: Optional[str]) -> str:
   return name or os.path.basename(os.path.normpath(model_spec))
 
 
+def engine_from_config(c):
+  """(model, Engine) of a configs/serve.py config."""
+  return build_engine(
+      c.model,
+      dtype=c.dtype,
+      draft_model=c.draft_model,
+      method=c.method,
+      slots=c.slots,
+      max_queue=c.max_queue,
+      ticks_per_call=c.ticks_per_call,
+      greedy_only=c.greedy_only,
+      max_len=c.max_len,
+      seed=c.seed,
+  )
+
+
 def main(argv):
   del argv
   import uvicorn
 
+  from loopspec_jax.serving import chat
   from loopspec_jax.serving import server  # FastAPI: the optional 'serve' extra
 
-  f = FLAGS
-  print(f"loading {f.model} and building the {f.method} engine ({f.slots} slots) ...", flush=True)
-  _, engine = build_engine(
-      f.model,
-      dtype=f.dtype,
-      method=f.method,
-      d1=f.d1,
-      d2=f.d2,
-      gamma=f.gamma,
-      lane_capacity=f.lane_capacity,
-      slots=f.slots,
-      max_queue=f.max_queue,
-      ticks_per_call=f.ticks_per_call,
-      greedy_only=f.greedy_only,
-      max_len=f.max_len,
-      seed=f.seed,
-  )
-  if f.warmup:
-    print("compiling ...", flush=True)
-    warm_up(engine)
+  c = _CONFIG.value
+  print(f"loading {c.model} and building the {c.method} engine ({c.slots} slots) ...", flush=True)
+  model, engine = engine_from_config(c)
   engine.start()
-  name = served_name(f.model, f.served_model_name)
-  print(f"serving {name!r} on http://{f.host}:{f.port}/v1", flush=True)
+  ready = threading.Event()
+
+  def warm():
+    if c.warmup:
+      print("compiling (/ready answers 503 until done) ...", flush=True)
+      warm_up(engine)
+    ready.set()
+    print("ready", flush=True)
+
+  threading.Thread(target=warm, name="loopspec-warmup", daemon=True).start()
+  name = served_name(c.model, c.served_model_name)
+  app = server.create_app(
+      engine,
+      name,
+      ready=ready,
+      chat_template=chat.load(model, c.chat_template or None),
+      max_body_bytes=c.max_body_bytes,
+  )
+  print(f"serving {name!r} on http://{c.host}:{c.port}/v1", flush=True)
   try:
-    uvicorn.run(server.create_app(engine, name), host=f.host, port=f.port, log_level="warning")
+    log_level = "info" if c.access_log else "warning"
+    uvicorn.run(app, host=c.host, port=c.port, log_level=log_level, access_log=c.access_log)
   finally:
     engine.stop()
   return 0

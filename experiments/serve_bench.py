@@ -23,6 +23,7 @@ import numpy as np
 from absl import flags
 
 import loopspec_jax as lj
+from loopspec_jax import methods
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import demo
 from loopspec_jax.experiments.serve import build_engine
@@ -33,7 +34,10 @@ flags.DEFINE_string(
     "model", "tiny-raven", "Bundled model, checkpoint directory or random:<family>:<variant>.", flag_values=FLAGS
 )
 flags.DEFINE_string(
-    "methods", "ar;loopspec:2,8", "';'-separated methods: ar, loopspec:d1,d2, chain:d1,gamma.", flag_values=FLAGS
+    "methods",
+    "ar;loopspec:2,8",
+    "';'-separated method specs of the registry (loopspec_jax.methods).",
+    flag_values=FLAGS,
 )
 flags.DEFINE_string("rates", "0,2,8,32", "Arrival rates in requests/s (0: one request at a time).", flag_values=FLAGS)
 flags.DEFINE_integer("num_requests", 12, "Requests per rate.", flag_values=FLAGS)
@@ -50,18 +54,9 @@ flags.DEFINE_string("out", None, "Write the rows as JSON here.", flag_values=FLA
 
 
 def parse_methods(text: str) -> list:
-  """'ar;loopspec:2,8;chain:2,6' -> [(label, EngineConfig kwargs)]."""
-  out = []
-  for part in [p.strip() for p in text.split(";") if p.strip()]:
-    name, _, args = part.partition(":")
-    vals = [common.parse_optional_int(a) for a in args.split(",")] if args else []
-    kw = {
-        "ar": lambda: {},
-        "loopspec": lambda: dict(d1=vals[0], d2=vals[1] if len(vals) > 1 else None),
-        "chain": lambda: dict(d1=vals[0], gamma=vals[1]),
-    }[name]()
-    out.append((part, dict(method=name, **kw)))
-  return out
+  """'ar;loopspec:2,8;chain:2,6' -> [(label, EngineConfig kwargs)]: any spec of the registry
+  (`loopspec_jax.methods`), the Method object itself as `method`."""
+  return [(m.spec, {"method": m}) for m in methods.parse_list(text)]
 
 
 def arrivals(rate: float, n: int, seed: int) -> np.ndarray:
@@ -158,7 +153,6 @@ def one_at_a_time_overhead(engine, model, reqs: list, kw: dict, greedy: bool, re
   repeats of the summed latency from submission (engine) or call (generate, prefill + decode) to the last
   token."""
 
-  method_kw = {k: v for k, v in kw.items() if k != "method" and v is not None}
   sampling = {} if greedy else dict(temperature=1.0, top_p=0.7)
   gen, eng = [], []
   for _ in range(repeats):
@@ -171,7 +165,6 @@ def one_at_a_time_overhead(engine, model, reqs: list, kw: dict, greedy: bool, re
           method=kw["method"],
           eos_id=engine.eos_id,
           **sampling,
-          **method_kw,
       ).stats
       g += st["prefill_seconds"] + st["decode_seconds"]
       seq = engine.submit(req)

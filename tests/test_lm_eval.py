@@ -234,7 +234,7 @@ def _eval_cfg(out_dir):
   return cfg
 
 
-def test_evaluate_writes_rows_and_resumes_after_a_kill(model, tmp_path, gsm8k_runs):
+def test_evaluate_writes_rows_and_resumes_after_a_kill(model, tmp_path, gsm8k_runs, capsys):
   """A run stopped after its first row (and a torn line) resumes: one row per (task, method), none twice, the
   first kept as written; rows hold the harness's results JSON and the speed statistics; the table compares."""
   del gsm8k_runs  # compiled the programs this test reuses
@@ -248,8 +248,10 @@ def test_evaluate_writes_rows_and_resumes_after_a_kill(model, tmp_path, gsm8k_ru
   with open(jsonl, "a") as f:
     f.write('{"key": "torn')  # a writer killed mid-line
   cfg.stop_after = None
+  capsys.readouterr()
   res = evaluate.run_evaluation(cfg, model=model)
   assert res["new_rows"] == 1
+  assert f"resuming: 1 row(s) already in {jsonl}, skipped: {GSM8K} / ar" in capsys.readouterr().out
   rows = [json.loads(l) for l in jsonl.read_text().splitlines()]
   assert [r["method"] for r in rows] == ["ar", "loopspec(d1=2)"]
   assert rows[0] == first[0]
@@ -264,7 +266,9 @@ def test_evaluate_writes_rows_and_resumes_after_a_kill(model, tmp_path, gsm8k_ru
   assert ls["identical_to_ar"] and ar["ratio_vs_ar"] == 1.0 and ls["ratio_vs_ar"] > 0
   assert ls["speed"]["mean_accepted_length"] > 1.0
   lines = res["table"].splitlines()
-  assert lines[0].startswith("| model | task | method | metric | accuracy | tok/s | ratio vs AR | mean acc. len")
+  assert lines[0].startswith("| model | task | shots | method | metric | accuracy | tok/s | ratio vs AR | mean acc.")
+  assert ar["n_shot"] == ar["lm_eval"]["n-shot"][GSM8K] and ar["prompt_cut"]["prompts"] == 2
+  assert f"| {evaluate.shots_label(ar)} | ar |" in lines[2]
   assert len(lines) == 4 and "| loopspec(d1=2) |" in lines[3] and "| yes |" in lines[3]
   assert (tmp_path / "eval.md").read_text().strip() == res["table"]
 

@@ -9,53 +9,23 @@ answers 429; every bad input gets a 4xx with an OpenAI-style error naming the fi
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import openai
 import pytest
 import requests
-import uvicorn
 
+import server_helpers as helpers
 import loopspec_jax as lj
-from loopspec_jax.serving import Engine, EngineConfig, server
 
 MODEL = "tiny-raven"
 PROMPT = "ROMEO:\n"  # its greedy continuation has no eos for 220 tokens
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served():
-  model = lj.load(MODEL)
-  engine = Engine(
-      model, EngineConfig(method="loopspec", d1=2, d2=8, slots=2, max_queue=2, ticks_per_call=8, greedy_only=True)
-  )
-  engine.start()
-  port = _free_port()
-  srv = uvicorn.Server(
-      uvicorn.Config(server.create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning")
-  )
-  thread = threading.Thread(target=srv.run, daemon=True)
-  thread.start()
-  base = f"http://127.0.0.1:{port}"
-  for _ in range(200):
-    try:
-      if requests.get(base + "/health", timeout=1).ok:
-        break
-    except requests.ConnectionError:
-      time.sleep(0.05)
-  client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
-  yield model, engine, base, client
-  srv.should_exit = True
-  thread.join(timeout=30)
-  engine.stop()
+  with helpers.tiny_raven_server() as out:
+    yield out
 
 
 def _reference_text(model, prompt: str, n: int) -> str:
@@ -112,6 +82,7 @@ def test_disconnect_frees_the_slot_and_full_queue_is_429(served):
   with pytest.raises(openai.RateLimitError) as info:
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
   assert info.value.status_code == 429 and "queue is full" in info.value.message
+  assert info.value.response.headers["retry-after"] == "1"
   assert _metric(base, "loopspec_requests_waiting") == 2 and _metric(base, "loopspec_requests_running") == 2
   for s in streams:
     s.close()  # disconnect mid-stream

@@ -10,9 +10,14 @@ settings in `SamplingParams`). `Engine.step` is one round trip:
           other slots untouched)
   device  the method's own jitted `lax.while_loop` (`Decoder.loop`) for at most `ticks_per_call` iterations,
           stopping early as soon as a slot finishes (`SamplingParams.tick_budget`, `common.loop_until_done`)
-  host    read tokens / length / n_new / done, emit each slot's newly committed tokens, check stop strings on
-          the decoded text, retire finished slots (eos, max_tokens, stop string, cancel)
+  host    read tokens / length / n_new / done, emit each slot's newly committed tokens, check stop strings
+          token by token (the request ends at the first token whose text holds one: its token ids and usage
+          do not depend on how many tokens a call committed; text that may still become a stop string is held
+          back, so streamed text equals non-streamed text: serving/text.py), retire finished slots (eos,
+          max_tokens, stop string, cancel)
 
+The method is any `Method` of the registry (`loopspec_jax.methods`: a name, a spec such as 'loopspec:2,8', or a
+`Method` object), built by `methods.build` and run through its own `make_decoder`.
 The decode loop compiles once per engine configuration (method, depths, slots, context, greedy kernels or
 not); prefill compiles once per 16-token prompt bucket (the buckets `generate` uses).
 
@@ -26,21 +31,26 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import itertools
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopspec_jax import api
-from loopspec_jax.analysis import theory
+from loopspec_jax import methods
 from loopspec_jax.decoding import common
-from loopspec_jax.parallel import logical
+from loopspec_jax.decoding.method import Method
 from loopspec_jax.parallel import sharding
+from loopspec_jax.serving import metrics as metrics_lib
+from loopspec_jax.serving import slots as slots_lib
+from loopspec_jax.serving import text as text_lib
+from loopspec_jax.serving.metrics import EngineMetrics
+from loopspec_jax.serving.slots import COUNTERS, finish_slot, insert_slot, tile_slots
+
+MAX_STOPS = 16  # stop strings per request (HumanEval's `until` has five)
 
 MAX_SEED = 2**31 - 1
 
@@ -69,7 +79,7 @@ class EngineConfig:
   model config's. seed: the engine's base key.
   """
 
-  method: str = "loopspec"
+  method: Union[str, Method] = "loopspec"
   d1: Optional[int] = None
   d2: Optional[int] = None
   gamma: Optional[int] = None
@@ -119,6 +129,8 @@ class Sequence_:
   tokens: list = dataclasses.field(default_factory=list)
   text: str = ""
   sent_chars: int = 0  # characters of `text` already emitted
+  scanned: int = 0  # tokens already searched for stop strings (token by token: serving/text.py)
+  done_call: Optional[int] = None  # the engine's device-call count when the request was retired
   finished: bool = False
   finish_reason: Optional[str] = None
   cancelled: bool = False
@@ -128,49 +140,6 @@ class Sequence_:
   t_done: Optional[float] = None
   chunk_times: list = dataclasses.field(default_factory=list)  # (time, tokens in the chunk)
   done_event: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Device-side slot operations (jitted once per engine configuration)
-# ---------------------------------------------------------------------------------------------------
-@functools.partial(jax.jit, donate_argnames=("state",))
-def insert_slot(state, fresh, slot, lane_shift):
-  """Writes a batch-of-one decode state `fresh` into row `slot` (traced) of every [.., B, ..] leaf of `state`.
-
-  The leaves' batch axis is found from their declared logical axes; leaves without one (the loop's iteration
-  counter, LoopSpec's stage clock) keep the engine's value. `lane_shift` (traced) rolls every 'lanes' axis of
-  the fresh state: LoopSpec's `initial_state` puts the root lane in the stage of depth group 0 at tick 0, and
-  a request admitted at tick t needs it in that of tick t (stage ids shift by t mod G, times W lanes).
-  """
-
-  def put(path, x, y):
-    axes = logical.leaf_axes(state, path, x)
-    if "batch" not in axes:
-      return x
-    for i, name in enumerate(axes):
-      if name == "lanes":
-        y = jnp.roll(y, lane_shift, axis=i)
-    return jax.lax.dynamic_update_slice_in_dim(x, y.astype(x.dtype), slot, axis=axes.index("batch"))
-
-  return jax.tree_util.tree_map_with_path(put, state, fresh)
-
-
-@functools.partial(jax.jit, static_argnames=("slots",))
-def tile_slots(fresh, *, slots: int):
-  """A state of `slots` idle slots from a batch-of-one state: repeated along every batch axis, all done."""
-
-  def rep(path, x):
-    axes = logical.leaf_axes(fresh, path, x)
-    return jnp.repeat(x, slots, axis=axes.index("batch")) if "batch" in axes else x
-
-  state = jax.tree_util.tree_map_with_path(rep, fresh)
-  return state.replace(done=jnp.ones_like(state.done))
-
-
-@functools.partial(jax.jit, donate_argnames=("state",))
-def finish_slot(state, slot):
-  """Marks slot `slot` done (a cancelled or stop-string request): it commits nothing more, its lanes die."""
-  return state.replace(done=state.done.at[slot].set(True))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -189,8 +158,11 @@ class Engine:
       raise ValueError(f"need slots >= 1, max_queue >= 0 and ticks_per_call >= 1, got {config}")
     common.validate_sampling(0.0, 0, 1.0, config.init_state, cfg)
     method_args = {"d1": config.d1, "d2": config.d2, "gamma": config.gamma, "lane_capacity": config.lane_capacity}
+    self.method = methods.build(config.method, **method_args)  # any method of the registry
+    self.method.validate(cfg)
+    self.method.check_target(model)
     self.random_init = config.init_state == "random"
-    self.decoder = api._make_decoder(config.method, cfg, config.greedy_only, self.random_init, method_args)
+    self.decoder = self.method.make_decoder(cfg, greedy=config.greedy_only, random_init=self.random_init)
     self.total = int(config.max_len or cfg.max_len)
     if not 2 <= self.total <= cfg.max_len:
       raise ValueError(f"max_len={config.max_len} must be in [2, {cfg.max_len}] (the model's context)")
@@ -217,8 +189,8 @@ class Engine:
     self._rng = np.random.default_rng(config.seed)
     self._thread = None
     self._stop = False
-    self.metrics = EngineMetrics(method=config.method)
-    self._prev_counters = np.zeros((b, len(_COUNTERS)), np.int64)
+    self.metrics = EngineMetrics(method=self.method.name)
+    self._prev_counters = np.zeros((b, len(COUNTERS)), np.int64)
     self._sp_base = None
     self.state = self._empty_state()
 
@@ -275,14 +247,14 @@ class Engine:
     p = req.prompt
     if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple, np.ndarray)) or len(p) == 0:
       raise RequestError("prompt must be a non-empty list of token ids", "prompt")
-    for t in p:
-      if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
-        raise RequestError(f"prompt has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})", "prompt")
-    if len(p) + int(mt) > self.total:
+    if len(p) + int(mt) > self.total:  # before the per-token check: a huge prompt is refused at once
       raise RequestError(
           f"the prompt has {len(p)} tokens; with max_tokens={mt} it exceeds the context of {self.total} positions",
           "max_tokens" if len(p) < self.total else "prompt",
       )
+    for t in p:
+      if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < cfg.vocab_size:
+        raise RequestError(f"prompt has token id {t!r} outside the vocabulary [0, {cfg.vocab_size})", "prompt")
     t = req.temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t < float("inf"):
       raise RequestError(f"temperature must be a number >= 0, got {t!r}", "temperature")
@@ -297,9 +269,12 @@ class Engine:
     s = req.seed
     if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s <= MAX_SEED):
       raise RequestError(f"seed must be an integer in [0, {MAX_SEED}], got {s!r}", "seed")
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or ())
-    if any(not isinstance(x, str) or not x for x in stop) or len(stop) > 4:
-      raise RequestError("stop must be a string or a list of at most 4 non-empty strings", "stop")
+    stop = req.stop
+    stop = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else stop or []
+    if not isinstance(stop, list) or any(not isinstance(x, str) or not x for x in stop) or len(stop) > MAX_STOPS:
+      raise RequestError(
+          f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings, got {req.stop!r}", "stop"
+      )
     if stop and self.model.tokenizer is None:
       raise RequestError("stop strings need a model with a tokenizer", "stop")
     return dataclasses.replace(
@@ -372,7 +347,7 @@ class Engine:
     sp = self._loop_sp()
     self.state = sharding.entry(self.decoder.loop, self.mesh)(self.model.params, self.state, sp, **self.decoder.loop_kw)
     tokens, n_new, done, counters = jax.device_get(
-        (self.state.tokens, self.state.n_new, self.state.done, _counters(self.state))
+        (self.state.tokens, self.state.n_new, self.state.done, slots_lib.counters(self.state))
     )
     now = time.perf_counter()
     self.metrics.busy_seconds += now - t0
@@ -403,30 +378,22 @@ class Engine:
     self.metrics.admitted += 1
 
   def _emit(self, seq: Sequence_, new: list, reason: Optional[str], now: float) -> None:
-    """Appends new tokens, decodes text, applies stop strings, calls back, retires the slot when finished."""
+    """Appends new tokens, applies stop strings token by token (the tokens and text end at the first token that
+    completes one), holds back text that may still become a stop string, calls back, retires when finished."""
     if not new and reason is None:
       return
+    self.metrics.tokens += len(new)
+    self.metrics.window.append((now, len(new)))
+    old = len(seq.tokens)
     seq.tokens += new
     text_new = ""
     if self.model.tokenizer is not None:
-      body = seq.tokens[:-1] if reason == "stop" and seq.tokens and seq.tokens[-1] == self.eos_id else seq.tokens
-      text = self.model.decode(body)
-      hit = _find_stop(
-          text, seq.request.stop, max(0, seq.sent_chars - max((len(x) for x in seq.request.stop), default=0))
-      )
-      if hit is not None:
-        text, reason = text[:hit], "stop"
-      elif reason is None and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-        text = text[: len(text.rstrip("\ufffd"))]
-      seq.text = text
-      text_new = text[seq.sent_chars :]
-      seq.sent_chars = len(text)
+      reason, text_new = self._apply_text(seq, reason)
+      new = seq.tokens[old:]  # a stop string may have cut tokens this call committed
     if new:
       seq.chunk_times.append((now, len(new)))
       if seq.t_first is None:
         seq.t_first = now
-    self.metrics.tokens += len(new)
-    self.metrics.window.append((now, len(new)))
     if reason is not None and seq.slot >= 0 and not self.state_done(seq.slot):
       self.state = finish_slot(self.state, jnp.int32(seq.slot))  # a stop string: stop decoding it
     chunk = Chunk(tokens=new, text=text_new, finished=reason is not None, finish_reason=reason)
@@ -435,11 +402,33 @@ class Engine:
     elif seq.on_chunk is not None:
       seq.on_chunk(seq, chunk)
 
+  def _apply_text(self, seq: Sequence_, reason: Optional[str]) -> tuple:
+    """(reason, text to send now) after `seq.tokens` grew: a stop string cuts the tokens after the token that
+    completed it and the text where it starts; unfinished text keeps back what may still become one."""
+    stops = seq.request.stop
+    eos_end = bool(seq.tokens) and seq.tokens[-1] == self.eos_id and reason == "stop"
+    body = seq.tokens[:-1] if eos_end else seq.tokens
+    hit = text_lib.first_stop(self.model.decode, body, stops, seq.scanned)
+    if hit is not None:
+      k, cut = hit
+      del seq.tokens[k:]
+      seq.scanned, reason = k, "stop"
+      text = self.model.decode(seq.tokens)[:cut]
+    else:
+      seq.scanned = len(body)
+      text = self.model.decode(body)
+    seq.text = text
+    send_to = len(text) if reason is not None else len(text) - text_lib.held_back(text, stops)
+    text_new = text[seq.sent_chars : max(send_to, seq.sent_chars)]
+    seq.sent_chars = max(send_to, seq.sent_chars)
+    return reason, text_new
+
   def state_done(self, slot: int) -> bool:
     return bool(jax.device_get(self.state.done[slot]))
 
   def _retire(self, seq: Sequence_, reason: str, chunk: Optional[Chunk] = None) -> None:
     self._slots[seq.slot] = None
+    seq.done_call = self.metrics.calls
     self._finish(seq, reason, chunk)
 
   def _finish(self, seq: Sequence_, reason: str, chunk: Optional[Chunk] = None) -> None:
@@ -506,86 +495,11 @@ class Engine:
 
   # ----- metrics ------------------------------------------------------------------------------------
   def mean_accepted_length(self) -> float:
-    c = dict(zip(_COUNTERS, self.metrics.counters.tolist()))
-    r, n = self.cfg.recurrence, c["n_new"]
-    if n == 0:
-      return 0.0
-    if self.config.method == "loopspec":
-      shape = self.decoder.init_kw["shape"]
-      return theory.gamma_from_counts(r, shape.d1, shape.d2, n, c["second"] + c["restart"], c["restart"])
-    if self.config.method == "chain":
-      return theory.chain_accepted_length(r, self.config.d1, self.config.gamma, n, c["rounds"])
-    return 1.0
+    return metrics_lib.mean_accepted_length(self)
 
   def gate_open_rate(self) -> float:
-    c = dict(zip(_COUNTERS, self.metrics.counters.tolist()))
-    return c["gate_opens"] / max(c["gate_evals"], 1)
+    return metrics_lib.gate_open_rate(self.metrics)
 
   def prometheus(self) -> str:
     """The metrics in Prometheus text format (docs/serving.md)."""
-    m = self.metrics
-    now = time.perf_counter()
-    while m.window and m.window[0][0] < now - m.window_seconds:
-      m.window.popleft()
-    rate = sum(n for _, n in m.window) / m.window_seconds
-    lines = []
-
-    def metric(name, kind, help_, value, labels=""):
-      lines.extend([f"# HELP loopspec_{name} {help_}", f"# TYPE loopspec_{name} {kind}"])
-      for lab, val in value if isinstance(value, list) else [(labels, value)]:
-        lines.append(f"loopspec_{name}{lab} {float(val):.6g}")
-
-    metric("requests_running", "gauge", "Requests holding a slot.", self.running)
-    metric("requests_waiting", "gauge", "Requests in the waiting queue.", self.waiting)
-    metric("slots", "gauge", "Request slots of the engine.", self.config.slots)
-    metric("tokens_per_second", "gauge", f"Generated tokens per second over the last {m.window_seconds:g} s.", rate)
-    metric("generated_tokens_total", "counter", "Tokens generated.", m.tokens)
-    metric("busy_seconds_total", "counter", "Seconds spent in device calls.", m.busy_seconds)
-    metric(
-        "requests_finished_total",
-        "counter",
-        "Finished requests by reason.",
-        [(f'{{reason="{k}"}}', v) for k, v in sorted(m.finished.items())] or [('{reason="stop"}', 0)],
-    )
-    metric("requests_rejected_total", "counter", "Submissions refused because the queue was full.", m.rejected)
-    metric("mean_accepted_length", "gauge", "Tokens per full R-step execution (1 for AR).", self.mean_accepted_length())
-    metric("gate_open_rate", "gauge", "Fraction of LoopSpec second-proposal gates that opened.", self.gate_open_rate())
-    metric("lanes_live", "gauge", "Live LoopSpec lanes over all slots after the last device call.", m.last_live_lanes)
-    return "\n".join(lines) + "\n"
-
-
-_COUNTERS = ("n_new", "first", "second", "restart", "gate_evals", "gate_opens", "rounds", "accepted")
-
-
-@jax.jit
-def _counters(state):
-  """[B, len(_COUNTERS) + 1] int32: the per-slot counters of any method's state (0 where a method has none),
-  then the slot's live LoopSpec lanes."""
-  zero = jnp.zeros_like(state.n_new)
-  st = getattr(state, "stats", None)
-  get = lambda name: getattr(st, name, None) if st is not None and hasattr(st, name) else getattr(state, name, None)
-  cols = [zero if get(n) is None else get(n) for n in _COUNTERS]
-  lanes = getattr(state, "lanes", None)
-  cols.append(zero if lanes is None else jnp.sum(lanes.alive & ~state.done[:, None], axis=1))
-  return jnp.stack([c.astype(jnp.int32) for c in cols], axis=1)
-
-
-def _find_stop(text: str, stops, start: int) -> Optional[int]:
-  """Index of the earliest stop string in text[start:] (None when none occurs)."""
-  hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-  return min(hits) if hits else None
-
-
-@dataclasses.dataclass
-class EngineMetrics:
-  method: str
-  tokens: int = 0
-  calls: int = 0
-  admitted: int = 0
-  rejected: int = 0
-  busy_seconds: float = 0.0
-  last_live_lanes: float = 0.0
-  window_seconds: float = 10.0
-  finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-  counters: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(_COUNTERS), np.int64))
-  window: collections.deque = dataclasses.field(default_factory=collections.deque)
+    return metrics_lib.prometheus(self)

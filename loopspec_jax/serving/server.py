@@ -1,15 +1,25 @@
 """An OpenAI-compatible HTTP API over a serving `Engine` (FastAPI app; uvicorn runs it).
 
-  POST /v1/completions   prompt as text or token ids; `stream: true` answers server-sent events, one event
-                         per committed chunk, then `data: [DONE]`
-  GET  /v1/models        the one served model
-  GET  /health           {"status": "ok"} once the engine is ready
-  GET  /metrics          Prometheus text (requests running / waiting, tokens/s, mean accepted length, gate-open
-                         rate, live lanes)
+  POST /v1/completions        prompt as text or token ids; `stream: true` answers server-sent events, one
+                              event per committed chunk, then `data: [DONE]`
+                              (`logprobs` / `echo`: the full-depth model's log-probabilities, scoring.py)
+  POST /v1/chat/completions   messages rendered by the model's chat template (a 400 when it has none)
+  GET  /v1/models, /v1/models/{id}   the one served model
+  GET  /health                liveness: 200 {"status": "ok" | "starting", "ready": bool} once the port is open
+  GET  /ready                 readiness: 200 once the engine is compiled (`ready` set), else 503
+  GET  /tokenizer_info, POST /tokenize, /detokenize   vLLM's tokenizer routes (lm-eval's remote tokenizer)
+  GET  /metrics               Prometheus text (requests running / waiting, tokens/s, mean accepted length,
+                              gate-open rate, live lanes)
 
-Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}}: 400 for bad fields (naming the field),
-404 for an unknown model, 429 when the engine's waiting queue is full. A streaming client that disconnects
-cancels its request, which frees its slot at the engine's next step; the other requests continue.
+Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}} (protocol.py), for every status:
+400 for bad fields (naming the field), 404 for an unknown model or path, 405, 413 for a body over
+`max_body_bytes` (refused from its Content-Length before it is read), 429 with Retry-After when the engine's
+waiting queue is full, 503 with Retry-After before the engine is ready, 500 for a server bug.
+
+Nothing slow runs on the event loop: the body's JSON, tokenization (long texts in a child process that holds
+only the tokenizer: tokenize.py) and validation run on a worker thread, so /health answers while a long prompt is
+tokenized. A client that disconnects cancels its request, streamed or not (the non-streamed handler waits on
+the connection's disconnect message too), which frees its slot at the engine's next step.
 The engine runs on its own thread (`Engine.start`); handlers only submit, await and format.
 """
 
@@ -17,195 +27,352 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import time
 import uuid
 from typing import Optional
 
 import fastapi
 from fastapi import responses
+from starlette import exceptions as starlette_exceptions
 
-from loopspec_jax.serving.engine import Chunk, Engine, QueueFullError, Request, RequestError
+from loopspec_jax.serving import chat
+from loopspec_jax.serving import protocol
+from loopspec_jax.serving import scoring
+from loopspec_jax.serving import tokenize
+from loopspec_jax.serving.engine import Chunk, Engine, QueueFullError
+from loopspec_jax.serving.protocol import APIError
 
-# Request fields we accept; the OpenAI fields we do not implement are refused unless left at their default.
-_UNSUPPORTED_DEFAULTS = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None}
-_IGNORED = {
-    "model",
-    "prompt",
-    "stream",
-    "stream_options",
-    "user",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-}
-_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+log = logging.getLogger("loopspec_jax.serving")
+RETRY_AFTER_S = 1  # what a 429 / 503 tells the client to wait
 
 
-class APIError(Exception):
+def create_app(
+    engine: Engine,
+    model_name: str,
+    *,
+    ready: Optional[threading.Event] = None,
+    chat_template=None,
+    max_body_bytes: int = protocol.DEFAULT_MAX_BODY_BYTES,
+) -> fastapi.FastAPI:
+  """The FastAPI app serving `engine` under `model_name` (the engine must be `start()`ed to make progress).
 
-  def __init__(
-      self,
-      status: int,
-      message: str,
-      param: Optional[str] = None,
-      kind: str = "invalid_request_error",
-      code: Optional[str] = None,
-  ):
-    super().__init__(message)
-    self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-  def response(self) -> responses.JSONResponse:
-    body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-    return responses.JSONResponse(body, status_code=self.status)
-
-
-def parse_completion(body, engine: Engine, model_name: str) -> tuple:
-  """(Request, stream) from a /v1/completions JSON body; raises APIError naming the offending field."""
-  if not isinstance(body, dict):
-    raise APIError(400, "the request body must be a JSON object")
-  if body.get("model") != model_name:
-    raise APIError(
-        404,
-        f"model {body.get('model')!r} does not exist; this server serves {model_name!r}",
-        "model",
-        code="model_not_found",
-    )
-  for name, default in _UNSUPPORTED_DEFAULTS.items():
-    if body.get(name, default) not in (default, None):
-      raise APIError(400, f"{name}={body[name]!r} is not supported (only {default!r})", name)
-  unknown = sorted(set(body) - _FIELDS - _IGNORED - set(_UNSUPPORTED_DEFAULTS))
-  if unknown:
-    raise APIError(400, f"unknown field {unknown[0]!r}", unknown[0])
-  stream = body.get("stream", False)
-  if not isinstance(stream, bool):
-    raise APIError(400, f"stream must be a boolean, got {stream!r}", "stream")
-  if "prompt" not in body:
-    raise APIError(400, "prompt is required", "prompt")
-  prompt = body["prompt"]
-  if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-    prompt = prompt[0]  # a batch of one prompt
-  if isinstance(prompt, str):
-    if engine.model.tokenizer is None:
-      raise APIError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
-    ids = engine.model.encode(prompt)
-  elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-    ids = prompt
-  else:
-    raise APIError(400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt")
-  kw = {k: body[k] for k in _FIELDS if body.get(k) is not None}
-  kw.setdefault("temperature", 0.0 if engine.config.greedy_only else 1.0)  # OpenAI's default, greedy-only: 0
-  if "top_k" in kw and kw["top_k"] == -1:  # vLLM's spelling of 'no top-k'
-    kw["top_k"] = 0
-  if isinstance(kw.get("temperature"), int) and not isinstance(kw.get("temperature"), bool):
-    kw["temperature"] = float(kw["temperature"])
-  if isinstance(kw.get("top_p"), int) and not isinstance(kw.get("top_p"), bool):
-    kw["top_p"] = float(kw["top_p"])
-  try:
-    req = engine.validate(Request(prompt=ids, **kw))
-  except RequestError as e:
-    raise APIError(400, str(e), e.param) from None
-  return req, stream
-
-
-def create_app(engine: Engine, model_name: str) -> fastapi.FastAPI:
-  """The FastAPI app serving `engine` under `model_name` (the engine must be `start()`ed to make progress)."""
+  ready: set once the engine is compiled (None: ready now); until then /ready and the completion routes
+  answer 503. chat_template: a `chat.ChatTemplate` (None: chat requests get a 400 saying there is none).
+  max_body_bytes: larger request bodies get a 413 without being read."""
   app = fastapi.FastAPI(title="loopspec_jax", version="1")
-  created = int(time.time())
-
-  @app.exception_handler(APIError)
-  async def _api_error(_, exc: APIError):
-    return exc.response()
-
-  @app.get("/health")
-  async def health():
-    return {"status": "ok", "model": model_name, "method": engine.config.method}
-
-  @app.get("/v1/models")
-  async def models():
-    card = {"id": model_name, "object": "model", "created": created, "owned_by": "loopspec_jax"}
-    return {"object": "list", "data": [card]}
-
-  @app.get("/metrics")
-  async def metrics():
-    return responses.PlainTextResponse(engine.prometheus(), media_type="text/plain; version=0.0.4")
+  ctx = _Context(engine, model_name, ready, chat_template, max_body_bytes)
+  _add_error_handlers(app)
+  _add_info_routes(app, ctx)
+  _add_tokenizer_routes(app, ctx)
 
   @app.post("/v1/completions")
   async def completions(request: fastapi.Request):
-    raw = await request.body()
-    try:
-      body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    req, stream = parse_completion(body, engine, model_name)
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    on_chunk = lambda seq, chunk: loop.call_soon_threadsafe(queue.put_nowait, chunk)
-    try:
-      seq = engine.submit(req, on_chunk=on_chunk)
-    except QueueFullError as e:
-      raise APIError(429, str(e), kind="rate_limit_exceeded", code="queue_full") from None
-    cid = f"cmpl-{uuid.uuid4().hex}"
-    now = int(time.time())
-    choice = lambda text, tokens, reason: {
-        "text": text,
-        "index": 0,
-        "logprobs": None,
-        "finish_reason": reason,
-        "token_ids": tokens,
-    }
-    envelope = lambda choices: {
-        "id": cid,
-        "object": "text_completion",
-        "created": now,
-        "model": model_name,
-        "choices": choices,
-    }
-    usage = lambda: {
-        "prompt_tokens": len(req.prompt),
-        "completion_tokens": len(seq.tokens),
-        "total_tokens": len(req.prompt) + len(seq.tokens),
-    }
+    return await ctx.serve(request, protocol.parse_completion, _CompletionFormat)
 
-    if not stream:
-      try:
-        while True:
-          chunk: Chunk = await queue.get()
-          if chunk.finished:
-            break
-      except asyncio.CancelledError:
-        engine.cancel(seq)
-        raise
-      out = envelope([choice(seq.text, list(seq.tokens), _reason(chunk.finish_reason))])
-      out["usage"] = usage()
-      return out
-
-    async def events():
-      try:
-        while True:
-          try:
-            chunk = await asyncio.wait_for(queue.get(), timeout=0.25)
-          except asyncio.TimeoutError:  # also notices a client that leaves while its request still waits
-            if await request.is_disconnected():
-              return
-            continue
-          if chunk.tokens or chunk.text or chunk.finished:
-            data = envelope(
-                [choice(chunk.text, chunk.tokens, _reason(chunk.finish_reason) if chunk.finished else None)]
-            )
-            if chunk.finished:
-              data["usage"] = usage()
-            yield f"data: {json.dumps(data)}\n\n"
-          if chunk.finished:
-            break
-        yield "data: [DONE]\n\n"
-      finally:
-        if not seq.finished:
-          engine.cancel(seq)  # the client went away: free the slot
-
-    return responses.StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: fastapi.Request):
+    parse = lambda body, eng, name, encoder: protocol.parse_chat(body, eng, name, ctx.chat_template, encoder)
+    return await ctx.serve(request, parse, _ChatFormat)
 
   return app
 
 
-def _reason(reason: Optional[str]) -> Optional[str]:
-  return "stop" if reason in ("stop", "cancelled") else reason
+def _json_error(exc: APIError) -> responses.JSONResponse:
+  return responses.JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _add_error_handlers(app: fastapi.FastAPI) -> None:
+  """OpenAI-style bodies for our refusals, for FastAPI's own 404 / 405, and for any bug (500, logged)."""
+
+  @app.exception_handler(APIError)
+  async def _api_error(_, exc: APIError):
+    return _json_error(exc)
+
+  @app.exception_handler(starlette_exceptions.HTTPException)
+  async def _http_error(request, exc):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"method {request.method} is not allowed on {request.url.path}",
+    }
+    err = APIError(exc.status_code, message.get(exc.status_code, str(exc.detail)), kind=kind)
+    err.headers = dict(getattr(exc, "headers", None) or {})
+    return _json_error(err)
+
+  @app.exception_handler(Exception)
+  async def _bug(_, exc):
+    log.exception("internal error")
+    return _json_error(APIError(500, f"internal server error ({type(exc).__name__})", kind="server_error"))
+
+
+def _add_info_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
+  created = int(time.time())
+  card = {"id": ctx.model_name, "object": "model", "created": created, "owned_by": "loopspec_jax"}
+
+  @app.get("/health")
+  async def health():
+    ok = ctx.is_ready()
+    return {
+        "status": "ok" if ok else "starting",
+        "ready": ok,
+        "model": ctx.model_name,
+        "method": ctx.engine.method.name,
+    }
+
+  @app.get("/ready")
+  async def ready():
+    ctx.check_ready()
+    return {"status": "ready", "model": ctx.model_name}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [card]}
+
+  @app.get("/v1/models/{model_id:path}")
+  async def model(model_id: str):
+    if model_id != ctx.model_name:
+      raise APIError(404, f"model {model_id!r} does not exist", "model", code="model_not_found")
+    return card
+
+  @app.get("/metrics")
+  async def metrics():
+    return responses.PlainTextResponse(ctx.engine.prometheus(), media_type="text/plain; version=0.0.4")
+
+
+def _add_tokenizer_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
+  """vLLM's /tokenizer_info, /tokenize and /detokenize: what lm-eval's `local-completions` uses as its
+  'remote' tokenizer, so it needs no local copy of the model's tokenizer."""
+
+  def tokenizer():
+    tok = ctx.engine.model.tokenizer
+    if tok is None:
+      raise APIError(400, "this model has no tokenizer", code="no_tokenizer")
+    return tok
+
+  @app.get("/tokenizer_info")
+  async def tokenizer_info():
+    tokenizer()
+    model, template = ctx.engine.model, ctx.chat_template
+    return {
+        "eos_token": chat.token_text(model, model.config.eos_id) or None,
+        "bos_token": chat.token_text(model, getattr(model.config, "bos_id", None)) or None,
+        "pad_token": None,
+        "chat_template": None if template is None else template.source,
+        "model_max_length": ctx.engine.total,
+    }
+
+  @app.post("/tokenize")
+  async def tokenize_route(request: fastapi.Request):
+    body = protocol.loads(await ctx.read_body(request))
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+      raise APIError(400, "prompt must be a string", "prompt")
+    special = body.get("add_special_tokens", True)
+    text = protocol.check_text(body["prompt"], "prompt")
+    ids = await asyncio.to_thread(lambda: tokenizer().encode(text, add_special_tokens=bool(special)).ids)
+    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.engine.total}
+
+  @app.post("/detokenize")
+  async def detokenize_route(request: fastapi.Request):
+    body = protocol.loads(await ctx.read_body(request))
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    vocab = ctx.engine.cfg.vocab_size
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
+    ):
+      raise APIError(400, f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+    return {"prompt": tokenizer().decode(ids)}
+
+
+class _Context:
+  """What the completion handlers share: the engine, the served name, readiness and limits."""
+
+  def __init__(self, engine, model_name, ready, chat_template, max_body_bytes):
+    self.engine, self.model_name, self.ready = engine, model_name, ready
+    self.chat_template, self.max_body_bytes = chat_template, int(max_body_bytes)
+    tok = engine.model.tokenizer
+    self.encoder = None if tok is None else tokenize.TextEncoder(tok)
+
+  def is_ready(self) -> bool:
+    return self.ready is None or self.ready.is_set()
+
+  def check_ready(self) -> None:
+    if not self.is_ready():
+      raise APIError(
+          503,
+          "the engine is still compiling; retry shortly",
+          kind="server_error",
+          code="not_ready",
+          headers={"Retry-After": str(RETRY_AFTER_S)},
+      )
+
+  async def read_body(self, request: fastapi.Request) -> bytes:
+    """The body, refused with 413 from its Content-Length (or as soon as a chunked body passes the limit)."""
+    limit = self.max_body_bytes
+    too_big = APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+      raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+      size += len(part)
+      if size > limit:
+        raise too_big
+      parts.append(part)
+    return b"".join(parts)
+
+  async def serve(self, request: fastapi.Request, parse, fmt_cls):
+    """Reads, parses (on a worker thread), submits, then streams or answers once."""
+    self.check_ready()
+    raw = await self.read_body(request)
+    parse_all = lambda: parse(protocol.loads(raw), self.engine, self.model_name, self.encoder)
+    parsed: protocol.Parsed = await asyncio.to_thread(parse_all)
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    on_chunk = lambda seq, chunk: loop.call_soon_threadsafe(queue.put_nowait, chunk)
+    if parsed.score_only:
+      return await asyncio.to_thread(fmt_cls(self.model_name, len(parsed.request.prompt)).scored, self, parsed)
+    try:
+      seq = self.engine.submit(parsed.request, on_chunk=on_chunk)
+    except QueueFullError as e:
+      headers = {"Retry-After": str(RETRY_AFTER_S)}
+      raise APIError(429, str(e), kind="rate_limit_exceeded", code="queue_full", headers=headers) from None
+    fmt = fmt_cls(self.model_name, len(parsed.request.prompt))
+    if not parsed.stream:
+      out = await self._answer(request, seq, queue, fmt)
+      if isinstance(out, dict) and (parsed.echo or parsed.logprobs is not None):
+        await asyncio.to_thread(fmt.add_logprobs, out, self, parsed, seq.tokens)
+      return out
+    events = self._events(request, seq, queue, fmt, parsed.include_usage)
+    return responses.StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+  async def _answer(self, request, seq, queue, fmt):
+    """The non-streamed answer; a client that disconnects first cancels the request (its slot is freed at
+    the engine's next step: the connection's http.disconnect message wakes this handler at once)."""
+    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+      while True:
+        getter = asyncio.ensure_future(queue.get())
+        await asyncio.wait({getter, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+          getter.cancel()
+          self.engine.cancel(seq)
+          return responses.Response(status_code=499)  # nobody reads it
+        chunk: Chunk = getter.result()
+        if chunk.finished:
+          break
+    except asyncio.CancelledError:
+      self.engine.cancel(seq)
+      raise
+    finally:
+      disconnect.cancel()
+    return fmt.whole(seq, protocol.finish_reason(chunk.finish_reason))
+
+  async def _events(self, request, seq, queue, fmt, include_usage: bool):
+    """Server-sent events: one per chunk with text or tokens, the usage chunk if asked, then [DONE]."""
+    try:
+      while True:
+        try:
+          chunk = await asyncio.wait_for(queue.get(), timeout=0.25)
+        except asyncio.TimeoutError:  # also notices a client that leaves while its request still waits
+          if await request.is_disconnected():
+            return
+          continue
+        if chunk.tokens or chunk.text or chunk.finished:
+          reason = protocol.finish_reason(chunk.finish_reason) if chunk.finished else None
+          yield _sse(fmt.piece(chunk.text, chunk.tokens, reason))
+        if chunk.finished:
+          break
+      if include_usage:
+        yield _sse(fmt.usage_chunk(seq))
+      yield "data: [DONE]\n\n"
+    finally:
+      if not seq.finished:
+        self.engine.cancel(seq)  # the client went away: free the slot
+
+
+async def _wait_disconnect(request: fastapi.Request) -> None:
+  """Returns when the client disconnects (the body has been read: the next ASGI message is the disconnect)."""
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+
+
+def _sse(data: dict) -> str:
+  return f"data: {json.dumps(data)}\n\n"
+
+
+class _CompletionFormat:
+  """Response bodies of /v1/completions ('text_completion' objects)."""
+
+  object = "text_completion"
+
+  def __init__(self, model_name: str, prompt_tokens: int):
+    self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    self.model_name, self.prompt_tokens = model_name, prompt_tokens
+
+  def envelope(self, choices: list) -> dict:
+    return {"id": self.id, "object": self.object, "created": self.created, "model": self.model_name, "choices": choices}
+
+  def choice(self, text: str, tokens: list, reason: Optional[str]) -> dict:
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason, "token_ids": tokens}
+
+  def piece(self, text: str, tokens: list, reason: Optional[str]) -> dict:
+    return self.envelope([self.choice(text, tokens, reason)])
+
+  def whole(self, seq, reason: Optional[str]) -> dict:
+    out = self.envelope([self.choice(seq.text, list(seq.tokens), reason)])
+    out["usage"] = protocol.usage(self.prompt_tokens, len(seq.tokens))
+    return out
+
+  def usage_chunk(self, seq) -> dict:
+    out = self.envelope([])
+    out["usage"] = protocol.usage(self.prompt_tokens, len(seq.tokens))
+    return out
+
+  def add_logprobs(self, out: dict, ctx: "_Context", parsed, completion: list) -> None:
+    """`logprobs` (and, with echo, the prompt's text first) into a finished answer; runs a forward pass."""
+    model, prompt, choice = ctx.engine.model, list(parsed.request.prompt), out["choices"][0]
+    text_of = model.decode if model.tokenizer is not None else (lambda ids: "")
+    if parsed.logprobs is not None:
+      top = parsed.logprobs
+      choice["logprobs"] = scoring.completion_logprobs(model, prompt, completion, top, parsed.echo, text_of)
+    if parsed.echo:
+      choice["text"] = text_of(prompt) + choice["text"]
+      choice["token_ids"] = prompt + choice["token_ids"]
+
+  def scored(self, ctx: "_Context", parsed) -> dict:
+    """echo with max_tokens=0: the prompt scored, nothing generated."""
+    out = self.envelope([self.choice("", [], "length")])
+    out["usage"] = protocol.usage(self.prompt_tokens, 0)
+    self.add_logprobs(out, ctx, parsed, [])
+    return out
+
+
+class _ChatFormat(_CompletionFormat):
+  """Response bodies of /v1/chat/completions ('chat.completion' and 'chat.completion.chunk' objects)."""
+
+  object = "chat.completion"
+
+  def __init__(self, model_name: str, prompt_tokens: int):
+    super().__init__(model_name, prompt_tokens)
+    self.id, self.started = f"chatcmpl-{uuid.uuid4().hex}", False
+
+  def piece(self, text: str, tokens: list, reason: Optional[str]) -> dict:
+    delta = {"content": text} if text or reason is None else {}
+    if not self.started:
+      delta, self.started = {"role": "assistant", **delta}, True
+    out = self.envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}])
+    out["object"] = "chat.completion.chunk"
+    return out
+
+  def whole(self, seq, reason: Optional[str]) -> dict:
+    message = {"role": "assistant", "content": seq.text}
+    out = self.envelope([{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}])
+    out["usage"] = protocol.usage(self.prompt_tokens, len(seq.tokens))
+    return out
+
+  def usage_chunk(self, seq) -> dict:
+    out = super().usage_chunk(seq)
+    out["object"] = "chat.completion.chunk"
+    return out

@@ -1,0 +1,90 @@
+"""The serving engine's metrics: counters kept on the host after each device call, and their Prometheus text.
+
+`EngineMetrics` holds engine-wide sums (tokens, calls, admissions, refusals, finishes by reason, the per-slot
+decode counters of `slots.COUNTERS` summed over requests) and a sliding window of (time, tokens) for the
+tokens-per-second gauge. `prometheus(engine)` renders them (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import numpy as np
+
+from loopspec_jax.analysis import theory
+from loopspec_jax.serving.slots import COUNTERS
+
+
+@dataclasses.dataclass
+class EngineMetrics:
+  method: str
+  tokens: int = 0  # tokens the device committed (including any decoded past a stop string)
+  calls: int = 0  # device calls of the decode loop
+  admitted: int = 0
+  rejected: int = 0
+  busy_seconds: float = 0.0
+  last_live_lanes: float = 0.0
+  window_seconds: float = 10.0
+  finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  counters: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(COUNTERS), np.int64))
+  window: collections.deque = dataclasses.field(default_factory=collections.deque)
+
+  def count(self, name: str) -> int:
+    return int(self.counters[COUNTERS.index(name)])
+
+
+def mean_accepted_length(engine) -> float:
+  """Tokens per full R-step execution over every request served (the definition `generate`'s stats use)."""
+  m, r, n = engine.metrics, engine.cfg.recurrence, engine.metrics.count("n_new")
+  if n == 0:
+    return 0.0
+  shape = engine.decoder.init_kw.get("shape")
+  if engine.method.name == "loopspec" and shape is not None:
+    return theory.gamma_from_counts(
+        r, shape.d1, shape.d2, n, m.count("second") + m.count("restart"), m.count("restart")
+    )
+  if engine.method.name == "chain":
+    kw = engine.decoder.loop_kw
+    return theory.chain_accepted_length(r, kw["d1"], kw["gamma"], n, m.count("rounds"))
+  return 1.0
+
+
+def gate_open_rate(metrics: EngineMetrics) -> float:
+  return metrics.count("gate_opens") / max(metrics.count("gate_evals"), 1)
+
+
+def prometheus(engine) -> str:
+  """The metrics of `engine` in Prometheus text format."""
+  m = engine.metrics
+  now = time.perf_counter()
+  while m.window and m.window[0][0] < now - m.window_seconds:
+    m.window.popleft()
+  rate = sum(n for _, n in m.window) / m.window_seconds
+  lines = []
+
+  def metric(name, kind, help_, value, labels=""):
+    lines.extend([f"# HELP loopspec_{name} {help_}", f"# TYPE loopspec_{name} {kind}"])
+    for lab, val in value if isinstance(value, list) else [(labels, value)]:
+      lines.append(f"loopspec_{name}{lab} {float(val):.6g}")
+
+  metric("requests_running", "gauge", "Requests holding a slot.", engine.running)
+  metric("requests_waiting", "gauge", "Requests in the waiting queue.", engine.waiting)
+  metric("slots", "gauge", "Request slots of the engine.", engine.config.slots)
+  metric("tokens_per_second", "gauge", f"Generated tokens per second over the last {m.window_seconds:g} s.", rate)
+  metric("generated_tokens_total", "counter", "Tokens generated.", m.tokens)
+  metric("device_calls_total", "counter", "Device calls of the decode loop.", m.calls)
+  metric("busy_seconds_total", "counter", "Seconds spent in device calls.", m.busy_seconds)
+  metric("requests_admitted_total", "counter", "Requests admitted into a slot.", m.admitted)
+  metric(
+      "requests_finished_total",
+      "counter",
+      "Finished requests by reason.",
+      [(f'{{reason="{k}"}}', v) for k, v in sorted(m.finished.items())] or [('{reason="stop"}', 0)],
+  )
+  metric("requests_rejected_total", "counter", "Submissions refused because the queue was full.", m.rejected)
+  metric("mean_accepted_length", "gauge", "Tokens per full R-step execution (1 for AR).", mean_accepted_length(engine))
+  metric("gate_open_rate", "gauge", "Fraction of LoopSpec second-proposal gates that opened.", gate_open_rate(m))
+  metric("lanes_live", "gauge", "Live LoopSpec lanes over all slots after the last device call.", m.last_live_lanes)
+  return "\n".join(lines) + "\n"
