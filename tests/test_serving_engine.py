@@ -14,6 +14,7 @@ import pytest
 
 import helpers
 import loopspec_jax as lj
+from loopspec_jax.analysis import theory
 from loopspec_jax.decoding import autoregressive
 from loopspec_jax.decoding import chain
 from loopspec_jax.decoding import common
@@ -84,6 +85,17 @@ def test_continuous_batching_equals_solo_generate(method):
     assert [t for t, _ in s.chunk_times] == sorted(t for t, _ in s.chunk_times)
   if method == "loopspec":
     assert eng.mean_accepted_length() > 0 and "loopspec_lanes_live" in eng.prometheus()
+  # the served figure is the method's own derivation from the summed counters (the cost identity)
+  m, r, n = eng.metrics, model.config.recurrence, eng.metrics.count("n_new")
+  kw = METHODS[method]
+  want = {
+      "ar": lambda: 1.0,
+      "chain": lambda: theory.chain_accepted_length(r, kw["d1"], kw["gamma"], n, m.count("rounds")),
+      "loopspec": lambda: theory.gamma_from_counts(
+          r, kw["d1"], kw["d2"], n, m.count("second") + m.count("restart"), m.count("restart")
+      ),
+  }[method]()
+  assert eng.mean_accepted_length() == pytest.approx(want)
 
 
 def test_cancel_frees_the_slot_and_others_are_unaffected():

@@ -193,6 +193,9 @@ class Engine:
     self._prev_counters = np.zeros((b, len(COUNTERS)), np.int64)
     self._sp_base = None
     self.state = self._empty_state()
+    # the decoder's static settings (R, d1, gamma, ...), read once: the method derives its served figures
+    # from them and the engine's summed counters (metrics.served_stats)
+    self.stats_settings = self.decoder.stats(self.state).settings
 
   # ----- construction -------------------------------------------------------------------------------
   def _sp(self, n, max_new, temperature, top_k, top_p, key_ids):

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from loopspec_jax.analysis import theory
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.serving.slots import COUNTERS
 
 
@@ -35,20 +35,20 @@ class EngineMetrics:
     return int(self.counters[COUNTERS.index(name)])
 
 
+def served_stats(engine) -> DecodeStats:
+  """The engine's counters summed over every request served, as the `DecodeStats` of one request (the
+  method's own `derived` then gives its figures; nothing here re-derives them)."""
+  m = engine.metrics
+  rows = {name: [m.count(name)] for name in COUNTERS if name != "n_new"}
+  rows["tokens"] = [m.count("n_new")]
+  return DecodeStats(engine.method.name, dict(engine.stats_settings), rows, {"iterations": m.calls})
+
+
 def mean_accepted_length(engine) -> float:
   """Tokens per full R-step execution over every request served (the definition `generate`'s stats use)."""
-  m, r, n = engine.metrics, engine.cfg.recurrence, engine.metrics.count("n_new")
-  if n == 0:
+  if engine.metrics.count("n_new") == 0:
     return 0.0
-  shape = engine.decoder.init_kw.get("shape")
-  if engine.method.name == "loopspec" and shape is not None:
-    return theory.gamma_from_counts(
-        r, shape.d1, shape.d2, n, m.count("second") + m.count("restart"), m.count("restart")
-    )
-  if engine.method.name == "chain":
-    kw = engine.decoder.loop_kw
-    return theory.chain_accepted_length(r, kw["d1"], kw["gamma"], n, m.count("rounds"))
-  return 1.0
+  return float(served_stats(engine).summary()["mean_accepted_length"])
 
 
 def gate_open_rate(metrics: EngineMetrics) -> float:
