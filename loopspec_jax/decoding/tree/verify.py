@@ -156,7 +156,8 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
 
   readouts: ((depth, coda index), ...) ascending, the last at depth R (its logits are returned); each runs
   the coda at that depth (its entries are needed for readouts there in later rounds). Returns (logits
-  [B, K, V] float32, entries {"pre": (k, v) [Lp, B, K, KV, D], "core": (k, v) [R, Lc, B, K, KV, D],
+  [B, K, V] float32, entries {"pre": (k, v) [Lp, B, K, KV, D], "core": [(first step, k, v) [n, Lc, B, K,
+  KV, D] per run of steps between readouts] (kept apart: a concatenation would copy them),
   "coda": {index: (k, v) [Lcd, B, K, KV, D]}}, the last float output (orders the writes after the reads))."""
   b, k = tree.tokens.shape
   t = cache.length
@@ -169,19 +170,17 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
     s, kk, vv = M.core_step(params, s, e, pos, anc, kvcache.core_ctx(cache, layout, i, mask), cfg)
     return s, (kk, vv)
 
-  ks, vs, coda, first, logits = [], [], {}, 0, None
+  core, coda, first, logits = [], {}, 0, None
   for depth, ridx in readouts:
     if depth > first:
       s, (kk, vv) = jax.lax.scan(step, s, jnp.arange(first, depth))
-      ks.append(kk)
-      vs.append(vv)
+      core.append((first, kk, vv))
       first = depth
     if depth == cfg.recurrence or layout.n_coda:
       logits, ck, cv = M.post(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
       coda[ridx] = (ck, cv)
   if first != cfg.recurrence:
     raise ValueError(f"the last readout of a tree pass must be at R={cfg.recurrence}, got {readouts}")
-  core = (jnp.concatenate(ks, axis=0), jnp.concatenate(vs, axis=0))
   return logits, {"pre": (pk, pv), "core": core, "coda": coda}, logits
 
 
@@ -202,8 +201,9 @@ def write_path(cache, layout, entries, path, p0, n_acc, after):
   pk, pv = g(entries["pre"])
   if pk.shape[0]:
     cache = kvcache.write_prelude(cache, pk, pv, pos)
-  ck, cv = g(entries["core"])
-  cache = kvcache.write_core_steps(cache, layout, jnp.arange(ck.shape[0]), ck, cv, pos)
+  for first, kk, vv in entries["core"]:
+    ck, cv = g((kk, vv))
+    cache = kvcache.write_core_steps(cache, layout, first + jnp.arange(ck.shape[0]), ck, cv, pos)
   for ridx, kv in entries["coda"].items():
     ak, av = g(kv)
     if ak.shape[0]:
