@@ -187,7 +187,7 @@ def decode_loop(
         max_depth=gamma,
         greedy=greedy,
         random_init=random_init,
-    )
+    )[0]
 
   return common.loop_until_done(round_, state, sp)
 

@@ -223,8 +223,11 @@ def target_draws(logits, tree: Tree, p0, sp: common.SamplingParams, greedy: bool
 
 def verify_round(
     params, st: TreeState, sp, tree: Tree, *, cfg, layout, readouts, max_depth: int, greedy: bool, random_init: bool
-) -> TreeState:
-  """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count."""
+):
+  """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count.
+
+  Returns (state, y [B, K] the target's draw after every node, n_committed [B]) (a drafter may learn from y:
+  lookahead's Jacobi update)."""
   p0 = st.length - 1
   tree, anc = normalize(tree, max_depth)
   noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
@@ -235,9 +238,9 @@ def verify_round(
   drafts = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)  # [B, max_depth]
   live = ~st.done
   n_nodes = jnp.sum(tree.valid, axis=1) - 1
-  return st.replace(
-      cache=cache, **common.commit_round(st, drafts, n_acc, nxt, sp), nodes=st.nodes + jnp.where(live, n_nodes, 0)
-  )
+  upd = common.commit_round(st, drafts, n_acc, nxt, sp)
+  n_commit = upd["length"] - st.length
+  return st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
 
 
 def tree_figures(stats) -> dict:
