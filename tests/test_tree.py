@@ -160,3 +160,13 @@ def test_bundled_tiny_raven_greedy_and_sampled_equal_ar():
     got = loopspec_jax.generate(model, prompts, max_new_tokens=24, method=spec(2, 4, 3, 12), **kw)
     assert got.tokens == want.tokens, (kw, got.stats)
     assert got.stats["tau"] > 2.0, got.stats
+
+
+@pytest.mark.slow
+def test_random_initial_state_matches_ar():
+  """Raven 'like-init' noise is keyed by (request, position): every tree node and drafting level gets AR's."""
+  name = "huginn:tiny"
+  kw = dict(init_state="random")
+  want = run(name, FAMILIES[name]["contraction"], "ar", **kw)
+  got = run(name, FAMILIES[name]["contraction"], spec(*FAMILIES[name]["tree"]), **kw)
+  assert got.tokens == want.tokens, got.stats

@@ -87,12 +87,8 @@ def target_lines(rows) -> str:
   for r in rows:
     if not r["method"].startswith("tree:"):
       continue
-    chain = next(
-        c
-        for c in rows
-        if (c["task"], c["sampling"]) == (r["task"], r["sampling"])
-        and c["method"] == r["method"].replace("tree", "chain").replace(",branch=4,tree_nodes=32", "")
-    )
+    want = r["method"].split(",branch=")[0].replace("tree:", "chain:")
+    chain = next(c for c in rows if (c["task"], c["sampling"], c["method"]) == (r["task"], r["sampling"], want))
     need = chain["tau"] + 0.4 * (6 + 1 - chain["tau"])
     out.append(
         f"- {r['task']} {r['sampling']} {r['method']}: tau {r['tau']:.2f} vs chain {chain['tau']:.2f}; "
@@ -107,7 +103,16 @@ def main():
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--new", type=int, default=96)
   ap.add_argument("--num", type=int, default=8)
+  ap.add_argument("--table_only", action="store_true", help="rewrite table.md from an earlier results.json")
   args = ap.parse_args()
+  if args.table_only:
+    with open(os.path.join(args.out, "results.json")) as f:
+      rows = json.load(f)
+    text = table(rows) + "\n\n" + target_lines(rows) + "\n"
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+      f.write(text)
+    print(text)
+    return
   os.makedirs(args.out, exist_ok=True)
   logf = open(os.path.join(args.out, "log.txt"), "a")
 

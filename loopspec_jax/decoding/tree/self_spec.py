@@ -11,6 +11,11 @@ One round per request (static envelope: `branch`, `gamma` levels, `tree_nodes` d
 3. the tree is the root plus the `tree_nodes` best candidates of the whole pool by cumulative log-probability
    (EAGLE-2's reranking in a fixed envelope). A child's score is its parent's plus a log-probability <= 0 and
    ties go to the lower pool index (parents come first), so the chosen set always contains its ancestors.
+   One exception to the ranking: the top-1 path (the argmax child of the argmax child ..., exactly chain's
+   greedy drafts) is always expanded and always kept (score +inf; it is a path from the root, so ancestor
+   closure holds), so the tree never verifies less than chain would: without it, an unconfident depth-d1
+   readout made the EAGLE-2 rule prefer shallow alternatives to the deep greedy path and tau fell below
+   chain's (tiny-raven GSM8K greedy, d1 = 1, gamma 6: 5.12 against chain's 5.49).
 The tree goes to the one verifier (`tree/verify.py`): one pass of its 1 + tree_nodes nodes through the whole
 model, AR's draws at every node, the accepted path written to the cache. Drafts are deterministic (top-k), so
 sampled output is token-identical to AR's. A round's critical path is gamma * d1 + R recurrent steps, the same
@@ -106,12 +111,16 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
   pool_tok, pool_score = [root[:, None], tok[:, 0]], [jnp.zeros((b, 1)), lp[:, 0]]
   pool_parent, pool_depth = [jnp.zeros((b, 1 + branch), jnp.int32)], [jnp.zeros((b, 1), jnp.int32)]
   pool_depth.append(jnp.ones((b, branch), jnp.int32))
+  first_rank = jnp.arange(branch) == 0
+  chain = [jnp.zeros((b, 1), bool), jnp.broadcast_to(first_rank, (b, branch))]  # the top-1 path (chain's drafts)
   # run-slot ancestry of the newest level's candidates: [B, n_cand, n_runs] (depth 1: the root, slot 0)
   cand_runs = jnp.zeros((b, branch, n_runs), bool).at[:, :, 0].set(True)
   cand_first = 1  # pool index of the newest level's first candidate
   for lvl in range(1, gamma):
     score = pool_score[-1]
-    order = jax.lax.top_k(score, branch)[1] if lvl > 1 else jnp.broadcast_to(jnp.arange(branch), (b, branch))
+    keyed = jnp.where(chain[-1], jnp.inf, score)  # the top-1 path is always expanded
+    order = jax.lax.top_k(keyed, branch)[1] if lvl > 1 else jnp.broadcast_to(jnp.arange(branch), (b, branch))
+    f_chain = jnp.take_along_axis(chain[-1], order, axis=1)
     f_tok = jnp.take_along_axis(pool_tok[-1], order, axis=1)  # [B, branch]
     f_score = jnp.take_along_axis(score, order, axis=1)
     f_runs = jnp.take_along_axis(cand_runs, order[:, :, None], axis=1)  # [B, branch, n_runs]
@@ -127,9 +136,11 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
     pool_score.append((f_score[:, :, None] + lp).reshape(b, branch * branch))
     pool_parent.append(jnp.repeat(cand_first + order, branch, axis=1))
     pool_depth.append(jnp.full((b, branch * branch), lvl + 1, jnp.int32))
+    chain.append((f_chain[:, :, None] & first_rank[None, None, :]).reshape(b, branch * branch))
     cand_first += branch if lvl == 1 else branch * branch
   cat = lambda xs: jnp.concatenate(xs, axis=1)
-  return select(cat(pool_tok), cat(pool_score), cat(pool_parent), cat(pool_depth), tree_nodes)
+  keyed = jnp.where(cat(chain), jnp.inf, cat(pool_score))  # the top-1 path first, then the best by score
+  return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes)
 
 
 def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
