@@ -1,0 +1,1 @@
+"""Token trees: one static-shape tree verifier (`verify`) and the tree drafters that feed it (`self_spec`)."""

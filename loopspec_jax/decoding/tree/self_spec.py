@@ -1,0 +1,319 @@
+"""Tree self-speculation on the loop: a token tree drafted from the model's own depth-d1 readout, verified at R.
+
+One round per request (static envelope: `branch`, `gamma` levels, `tree_nodes` draft nodes):
+1. level 0 runs the last committed token (the root, position p0) through pre and d1 core steps and reads it
+   out at d1; its top-`branch` tokens (by the draft log-probability log_softmax(logits_d1)) are the depth-1
+   candidates;
+2. level j = 1..gamma-1 runs the `branch` best candidates of depth j (the frontier, by cumulative draft
+   log-probability) to depth d1 in one batched call, each attending to the committed prefix and to its own
+   in-flight ancestors (earlier levels' entries, never written to the cache), and adds the top-`branch`
+   children of each, `branch`^2 candidates of depth j + 1;
+3. the tree is the root plus the `tree_nodes` best candidates of the whole pool by cumulative log-probability
+   (EAGLE-2's reranking in a fixed envelope). A child's score is its parent's plus a log-probability <= 0 and
+   ties go to the lower pool index (parents come first), so the chosen set always contains its ancestors.
+   One exception to the ranking: the top-1 path (the argmax child of the argmax child ..., exactly chain's
+   greedy drafts) is always expanded and always kept (score +inf; it is a path from the root, so ancestor
+   closure holds), so the tree never verifies less than chain would: without it, an unconfident depth-d1
+   readout made the EAGLE-2 rule prefer shallow alternatives to the deep greedy path and tau fell below
+   chain's (tiny-raven GSM8K greedy, d1 = 1, gamma 6: 5.12 against chain's 5.49).
+The tree goes to the one verifier (`tree/verify.py`): one pass of its 1 + tree_nodes nodes through the whole
+model, AR's draws at every node, the accepted path written to the cache. Drafts are deterministic (top-k), so
+sampled output is token-identical to AR's. A round's critical path is gamma * d1 + R recurrent steps, the same
+as a chain round with gamma drafts; `branch=1, tree_nodes=gamma` drafts chain's greedy drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import adaptive
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import verify as tv
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import sharding
+
+DEFAULTS = {"d1": 2, "gamma": 6, "branch": 4, "tree_nodes": 32}
+
+
+def pool_size(branch: int, gamma: int) -> int:
+  """Candidates a round drafts besides the root: branch at depth 1, branch^2 at each deeper level."""
+  return branch + (gamma - 1) * branch * branch
+
+
+def _ctx(base, past, name, past_mask):
+  """ctx_fn `base` plus the in-flight segment of slot `name` (k/v [L, B, P, KV, D]) under past_mask."""
+  if past is None:
+    return base
+
+  def ctx(l):
+    k, v = past[name]
+    return base(l) + [(k[l].transpose(0, 2, 1, 3), v[l].transpose(0, 2, 1, 3), past_mask)]
+
+  return ctx
+
+
+def run_level(params, cache, layout, toks, p0, level: int, past, past_mask, d1: int, cfg: ModelConfig, noise):
+  """pre + d1 core steps + readout at d1 of S queries per request (toks [B, S], all at position p0 + level),
+  attending to the committed prefix (positions < p0) and to the in-flight entries `past` ({slot: (k, v)
+  [L, B, P, KV, D]} of earlier levels, None at level 0) under past_mask [B, S, P]; each query also sees
+  itself. Returns (logits at d1 [B, S, V], this level's entries by slot); writes nothing."""
+  b, s_len = toks.shape
+  t = cache.length
+  pos = jnp.broadcast_to((p0 + level)[:, None], (b, s_len))
+  mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
+  own = jnp.broadcast_to(jnp.eye(s_len, dtype=bool), (b, s_len, s_len))
+  e, k, v = M.pre(params, toks, pos, own, _ctx(kvcache.prelude_ctx(cache, mask), past, "pre", past_mask), cfg)
+  new = {"pre": (k, v)}
+  s = M.initial_state(e, cfg, noise)
+  for i in range(d1):
+    ctx = _ctx(kvcache.core_ctx(cache, layout, i, mask), past, f"core{i}", past_mask)
+    s, k, v = M.core_step(params, s, e, pos, own, ctx, cfg)
+    new[f"core{i}"] = (k, v)
+  logits, k, v = M.post(params, s, pos, own, _ctx(kvcache.coda_ctx(cache, 0, mask), past, "coda", past_mask), cfg)
+  new["coda"] = (k, v)
+  return logits, new
+
+
+def _append(past, new):
+  """The in-flight entries of earlier levels plus this level's (concatenated along the query axis)."""
+  if past is None:
+    return new
+  return {n: tuple(jnp.concatenate([a, b], axis=2) for a, b in zip(past[n], new[n])) for n in past}
+
+
+def _children(logits, branch: int):
+  """(log-probabilities, tokens) [B, S, branch] of the top-`branch` tokens of each readout [B, S, V]."""
+  return jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), branch)
+
+
+def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init):
+  """The round's tree (`verify.Tree`, [B, 1 + tree_nodes]) drafted from the depth-d1 readout (module
+  docstring). Reads the cache only. Pool order: the root, the depth-1 candidates, then branch^2 per level."""
+  b = tokens.shape[0]
+  bi = jnp.arange(b)
+  root = tokens[bi, p0]
+  n_runs = 1 + (gamma - 1) * branch  # queries run to depth d1: the root, then `branch` per level
+  noise = lambda lvl, s: (
+      jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (b, s, cfg.hidden_size))
+      if random_init
+      else None
+  )
+  logits, past = run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, noise(0, 1))
+  lp, tok = _children(logits, branch)  # [B, 1, branch]
+  pool_tok, pool_score = [root[:, None], tok[:, 0]], [jnp.zeros((b, 1)), lp[:, 0]]
+  pool_parent, pool_depth = [jnp.zeros((b, 1 + branch), jnp.int32)], [jnp.zeros((b, 1), jnp.int32)]
+  pool_depth.append(jnp.ones((b, branch), jnp.int32))
+  first_rank = jnp.arange(branch) == 0
+  chain = [jnp.zeros((b, 1), bool), jnp.broadcast_to(first_rank, (b, branch))]  # the top-1 path (chain's drafts)
+  # run-slot ancestry of the newest level's candidates: [B, n_cand, n_runs] (depth 1: the root, slot 0)
+  cand_runs = jnp.zeros((b, branch, n_runs), bool).at[:, :, 0].set(True)
+  cand_first = 1  # pool index of the newest level's first candidate
+  for lvl in range(1, gamma):
+    score = pool_score[-1]
+    keyed = jnp.where(chain[-1], jnp.inf, score)  # the top-1 path is always expanded
+    order = jax.lax.top_k(keyed, branch)[1] if lvl > 1 else jnp.broadcast_to(jnp.arange(branch), (b, branch))
+    f_chain = jnp.take_along_axis(chain[-1], order, axis=1)
+    f_tok = jnp.take_along_axis(pool_tok[-1], order, axis=1)  # [B, branch]
+    f_score = jnp.take_along_axis(score, order, axis=1)
+    f_runs = jnp.take_along_axis(cand_runs, order[:, :, None], axis=1)  # [B, branch, n_runs]
+    n_past = 1 + (lvl - 1) * branch
+    logits, new = run_level(
+        params, cache, layout, f_tok, p0, lvl, past, f_runs[:, :, :n_past], d1, cfg, noise(lvl, branch)
+    )
+    past = _append(past, new)
+    lp, tok = _children(logits, branch)  # [B, branch, branch]
+    own = jax.nn.one_hot(n_past + jnp.arange(branch), n_runs, dtype=bool)  # this level's run slots
+    cand_runs = jnp.repeat(f_runs | own[None], branch, axis=1)  # [B, branch^2, n_runs]
+    pool_tok.append(tok.reshape(b, branch * branch))
+    pool_score.append((f_score[:, :, None] + lp).reshape(b, branch * branch))
+    pool_parent.append(jnp.repeat(cand_first + order, branch, axis=1))
+    pool_depth.append(jnp.full((b, branch * branch), lvl + 1, jnp.int32))
+    chain.append((f_chain[:, :, None] & first_rank[None, None, :]).reshape(b, branch * branch))
+    cand_first += branch if lvl == 1 else branch * branch
+  cat = lambda xs: jnp.concatenate(xs, axis=1)
+  keyed = jnp.where(cat(chain), jnp.inf, cat(pool_score))  # the top-1 path first, then the best by score
+  return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes)
+
+
+def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
+  """The root plus the `tree_nodes` best pool entries by score (ties: lower pool index), in pool order
+  (topological), parents re-indexed into the tree. Pool arrays [B, P]; entry 0 is the root."""
+
+  def one(tokens, score, parent, depth):
+    best = jax.lax.top_k(score[1:], tree_nodes)[1] + 1
+    keep = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.sort(best).astype(jnp.int32)])
+    new_index = jnp.zeros(tokens.shape, jnp.int32).at[keep].set(jnp.arange(keep.shape[0], dtype=jnp.int32))
+    par = new_index[parent[keep]].at[0].set(0)
+    return tokens[keep], par, depth[keep]
+
+  tok, par, dep = jax.vmap(one)(tokens, score, parent, depth)
+  return tv.Tree(tokens=tok.astype(jnp.int32), parent=par, depth=dep, valid=jnp.ones(tok.shape, bool))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop, the stats and the Method
+# ---------------------------------------------------------------------------------------------------
+@functools.partial(
+    jax.jit,
+    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
+    donate_argnames=("state",),
+)
+def decode_loop(
+    params,
+    state: tv.TreeState,
+    sp: common.SamplingParams,
+    *,
+    cfg: ModelConfig,
+    d1: int,
+    gamma: int,
+    branch: int,
+    tree_nodes: int,
+    greedy: bool,
+    random_init: bool,
+):
+  """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done."""
+  params = M.prepare_params(params, cfg)
+  layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
+  envelope = dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes, random_init=random_init)
+
+  def round_(st: tv.TreeState) -> tv.TreeState:
+    p0 = st.length - 1
+    tree = draft_tree(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
+    return tv.verify_round(
+        params,
+        st,
+        sp,
+        tree,
+        cfg=cfg,
+        layout=layout,
+        readouts=((d1, 0), (cfg.recurrence, 1)),
+        max_depth=gamma,
+        greedy=greedy,
+        random_init=random_init,
+    )[0]
+
+  return common.loop_until_done(round_, state, sp)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
+  del sp, cfg
+  return tv.fresh_state(cache, tokens, lengths)
+
+
+# Sharded entry points (parallel/sharding.py): the same argument kinds as chain's.
+for _name in ("initial_state", "decode_loop"):
+  sharding.ENTRY_POINTS.setdefault(f"{__name__}.{_name}", sharding.ENTRY_POINTS[f"loopspec_jax.decoding.chain.{_name}"])
+
+
+def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int):
+  """Raw counts of a tree self-speculation run (figures: `verify.tree_figures`). Per round the drafting runs
+  1 + (gamma - 1) * branch rows to depth d1; the verify pass runs 1 + tree_nodes rows through all R steps
+  (and the coda once more at d1)."""
+  r = cfg.recurrence
+  draft_rows = 1 + (gamma - 1) * branch
+  coda = cfg.n_coda if cfg.is_raven else 0
+  return common.DecodeStats.of_loop(
+      "tree",
+      st,
+      gamma * d1 + r,
+      settings={
+          "recurrence": r,
+          "d1": d1,
+          "gamma": gamma,
+          "branch": branch,
+          "tree_nodes": tree_nodes,
+          "draft_layer_calls": draft_rows * adaptive.layer_calls(cfg, d1),
+          "verify_layer_calls": (1 + tree_nodes) * (adaptive.layer_calls(cfg, r) + coda),
+      },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "nodes": st.nodes,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
+  )
+
+
+def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes) -> dict:
+  """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
+  env = {
+      k: DEFAULTS[k] if v is None else v
+      for k, v in dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes).items()
+  }
+  for k, v in env.items():
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ValueError(f"method='tree' needs an integer {k}, got {v!r}")
+  r = cfg.recurrence
+  if not 1 <= env["d1"] < r:
+    raise ValueError(f"method='tree' needs a draft depth 1 <= d1 < R={r}, got {env['d1']}")
+  if not 1 <= env["branch"] <= min(cfg.vocab_size, 64):
+    raise ValueError(f"method='tree' needs 1 <= branch <= {min(cfg.vocab_size, 64)}, got {env['branch']}")
+  if not 1 <= env["gamma"] <= min(32, cfg.max_len - 1):
+    raise ValueError(f"method='tree' needs a tree depth 1 <= gamma <= {min(32, cfg.max_len - 1)}, got {env['gamma']}")
+  most = pool_size(env["branch"], env["gamma"])
+  if not 1 <= env["tree_nodes"] <= min(most, 512):
+    raise ValueError(
+        f"method='tree' needs 1 <= tree_nodes <= {min(most, 512)} (branch={env['branch']}, gamma={env['gamma']} "
+        f"draft {most} candidates), got {env['tree_nodes']}"
+    )
+  return env
+
+
+def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelope) -> common.Decoder:
+  env = resolve(cfg, **envelope)
+  return common.Decoder(
+      name="tree",
+      readout_depths=(env["d1"], cfg.recurrence),
+      cache_group=1,
+      extra_positions=env["gamma"] + 1,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg, **env),
+      init_kw={"cfg": cfg},
+      loop_kw=dict(env, cfg=cfg, greedy=greedy, random_init=random_init),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSelf(Method):
+  """Tree self-speculation: a tree of `tree_nodes` drafts from the top-`branch` tokens of the depth-`d1`
+  readout, `gamma` levels deep, verified in one full-depth pass (defaults d1=2, gamma=6, branch=4, 32 nodes)."""
+
+  name = "tree"
+  positional = ("d1", "gamma", "branch", "tree_nodes")
+  d1: Optional[int] = None
+  gamma: Optional[int] = None
+  branch: Optional[int] = None
+  tree_nodes: Optional[int] = None
+
+  def validate(self, cfg: ModelConfig) -> None:
+    resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(
+        cfg,
+        greedy=greedy,
+        random_init=random_init,
+        d1=self.d1,
+        gamma=self.gamma,
+        branch=self.branch,
+        tree_nodes=self.tree_nodes,
+    )
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    out = tv.tree_figures(stats)
+    st = stats.settings
+    rounds = max(stats.count("rounds"), 1)
+    out["tokens_per_r_steps"] = stats.tokens * st["recurrence"] / (rounds * (st["gamma"] * st["d1"] + st["recurrence"]))
+    return out

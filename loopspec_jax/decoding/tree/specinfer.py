@@ -1,0 +1,70 @@
+"""SpecInfer's multi-step speculative sampling over a token tree whose children were SAMPLED from a drafter.
+
+For trees of deterministic drafts (top-k, n-grams, head argmaxes) `tree/verify.py` draws AR's own tokens and
+follows them. When a drafter instead samples each node's children i.i.d. from its distribution q_u (a draft
+model's sampled tree), the exact rule is SpecInfer's (Miao et al., ASPLOS 2024, Algorithm 2):
+
+  at node u with target p (p_u at first): for the children x_1, x_2, ... of u in order, accept x_i with
+  probability min(1, p(x_i) / q_u(x_i)) and move to it (its own target p_{x_i}); on rejection set
+  p <- norm(max(p - q_u, 0)) and try the next child; if every child is rejected, emit a draw from the current
+  p and stop. At a node without children the draw is from its target (the bonus token).
+
+The emitted tokens are distributed exactly as the target's own sequential draws, for any q and any number of
+children (duplicates allowed: a token drawn twice is simply tried twice). Pure single-request functions over
+static shapes (vmap over a batch); `renormalize=False` is a deliberately biased variant for negative-control
+tests (the unnormalised residual shrinks later siblings' acceptance ratios).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.decoding.sampling import sample_with_uniform
+from loopspec_jax.decoding.verify import acceptance_prob
+
+
+def _residual(p, q, renormalize: bool):
+  r = jnp.maximum(0.0, p - q)
+  s = jnp.sum(r)
+  if not renormalize:
+    return jnp.where(s > 0, r, p)
+  return jnp.where(s > 0, r / jnp.where(s > 0, s, 1.0), p / jnp.sum(p))
+
+
+def verify_multistep(key, tokens, parent, valid, p, q, max_depth: int, renormalize: bool = True):
+  """-> (n_accepted int32, path [max_depth + 1] node index per depth (0 past n), next token int32).
+
+  tokens / parent / valid [K] a topological tree (node 0 the root; siblings in index order); p [K, V] the
+  target at every node; q [K, V] the drafter's distribution at every node, from which that node's children
+  were drawn. One uniform per (depth, node) for the acceptance tests and one for the final draw.
+  """
+  k = tokens.shape[0]
+  ua, uf = jnp.split(jax.random.uniform(key, (max_depth * k + 1,), jnp.float32), [max_depth * k])
+  ua = ua.reshape(max_depth, k)
+  p = jnp.asarray(p, jnp.float32)
+  q = jnp.asarray(q, jnp.float32)
+  idx = jnp.arange(k)
+
+  def level(d, carry):
+    u, cur, stopped, final, n, path = carry
+
+    def sibling(j, c):
+      cur_p, moved = c
+      is_child = (parent[j] == u) & valid[j] & (idx[j] > 0) & (moved < 0) & ~stopped
+      acc = is_child & (ua[d, j] < acceptance_prob(cur_p, q[u], tokens[j]))
+      cur_p = jnp.where(is_child & ~acc, _residual(cur_p, q[u], renormalize), cur_p)
+      return cur_p, jnp.where(acc, j, moved)
+
+    res_p, moved = jax.lax.fori_loop(0, k, sibling, (cur, jnp.int32(-1)))
+    adv = moved >= 0
+    final = jnp.where(~stopped & ~adv, res_p, final)
+    stopped = stopped | ~adv
+    u = jnp.where(adv, moved, u)
+    path = path.at[d + 1].set(jnp.where(adv, moved, 0))
+    return u, jnp.where(adv, p[jnp.maximum(moved, 0)], cur), stopped, final, n + adv, path
+
+  init = (jnp.int32(0), p[0], jnp.bool_(False), p[0], jnp.int32(0), jnp.zeros((max_depth + 1,), jnp.int32))
+  u, cur, stopped, final, n, path = jax.lax.fori_loop(0, max_depth, level, init)
+  final = jnp.where(stopped, final, cur)  # every level accepted: the bonus from the last node's target
+  return n.astype(jnp.int32), path, sample_with_uniform(uf[0], final)
