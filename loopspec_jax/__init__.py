@@ -3,14 +3,15 @@
 from loopspec_jax.api import (GenerateResult, LoopedModel, bundled_models, from_config, generate, load, readouts, save)
 from loopspec_jax.checkpoint.hf import CheckpointError
 from loopspec_jax.config import ModelConfig
-from loopspec_jax.methods import AR, Chain, Draft, Lookup, LoopSpec, Method
+from loopspec_jax import methods as _methods
+from loopspec_jax.methods import Method
 
-__all__ = [
-    "AR",
-    "Chain",
-    "Draft",
-    "Lookup",
-    "LoopSpec",
+# every registered method class, by its class name: lj.AR, lj.Chain, lj.LoopSpec, lj.Draft, lj.Lookup,
+# lj.TreeSelf, lj.Lookahead, ... (a new method is exported by registering it in methods._CLASSES)
+_METHOD_CLASSES = {cls.__name__: cls for cls in _methods.REGISTRY.values()}
+globals().update(_METHOD_CLASSES)
+
+__all__ = sorted(_METHOD_CLASSES) + [
     "Method",
     "GenerateResult",
     "LoopedModel",
