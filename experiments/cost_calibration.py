@@ -73,6 +73,8 @@ def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
             "tokens_per_iteration": m["tokens_per_iteration"],
             "terms_ms": terms,
             "ops": step.ops,
+            "unknown_trip_counts": step.unknown_trip_counts,
+            "flops_by_rows": {str(k): v for k, v in step.flops_by_rows.items()},
             "flops": step.flops,
             "bytes": step.total_bytes,
             "working_set_bytes": ws,
@@ -179,7 +181,7 @@ def run_calibration(c) -> dict:
     hws[label] = hw = calibrate.calibrate_host(model.config, ws, tuple(c.rows), c.micro_repeats)
     print(f"[{time.perf_counter() - t0:.0f}s] {label}: host terms measured", flush=True)
     for ctx in contexts:
-      for mode in common.split_list(c.sampling):
+      for mode in common.split_list(s.get("sampling", c.sampling)):
         rows += rows_for(model, label, hw, ctx, mode == "greedy", c)
         print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {ctx} {mode} done", flush=True)
         write(c, rows, hws, time.perf_counter() - t0, partial=True)

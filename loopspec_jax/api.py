@@ -154,6 +154,7 @@ def generate(
   spec = methods.build(method, **method_args)
   spec.validate(cfg)
   spec.check_target(model)
+  spec, plan = spec.resolve(model, prompts, max_new_tokens=max_new_tokens, greedy=greedy)  # 'auto': planner.py
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
@@ -170,4 +171,6 @@ def generate(
   result = common.run_decoder(
       decoder, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
   )
+  if plan is not None:
+    result.stats["plan"] = plan
   return result if mesh is None else sharding.drop_padding(result, n_real)

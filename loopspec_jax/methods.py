@@ -20,8 +20,9 @@ from loopspec_jax.decoding.chain import Chain
 from loopspec_jax.decoding.draft import Draft
 from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
+from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 

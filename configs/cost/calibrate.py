@@ -2,6 +2,7 @@
 
   loopspec-cost-report --config=cost/calibrate.py          # the full grid (3 models x 2 contexts x 2 samplings)
   loopspec-cost-report --config=cost/calibrate.py:quick    # tiny models, greedy and sampled, one context each
+  loopspec-cost-report --config=cost/calibrate.py:subset   # quick + bench_e512 at 512, greedy only
   loopspec-cost-report --config=cost/calibrate.py:tiny     # seconds: the default suite's test
 
 `model_settings[label].methods` are method specs (`loopspec_jax.methods.parse`), the first one "ar" (the
@@ -47,14 +48,19 @@ def get_config(arg=None):
   c.mode = "kernels"  # hardware.Hardware.step_seconds: "kernels" (sum of per-kernel rooflines) or "roofline"
   c.out_root = "results/cost_calibration"
   c.out_dir = ""  # set: write here instead of <out_root>/<host>-<date>
-  if arg == "quick":
+  if arg == "subset":  # what this 2-core host ran in the time (README of the run says so)
+    c.model_settings.tiny_raven.contexts = (256,)
+    c.model_settings.tiny_ouro.contexts = (256,)
+    c.model_settings.bench_e512.contexts = (512,)
+    c.model_settings.bench_e512.sampling = "greedy"
+  elif arg == "quick":
     c.models = "tiny_raven,tiny_ouro"
     c.model_settings.tiny_raven.contexts = (256,)
     c.model_settings.tiny_ouro.contexts = (256,)
-  elif arg == "tiny":  # the default suite's test: one small grid, seconds
+  elif arg == "tiny":  # the default suite's test: two loops that compile fast, one small grid
     c.models = "tiny_raven"
-    c.model_settings.tiny_raven.contexts = (64,)
-    c.model_settings.tiny_raven.methods = ("ar", "loopspec:d1=2,d2=8")
+    c.model_settings.tiny_raven.contexts = (48,)
+    c.model_settings.tiny_raven.methods = ("ar", "lookup:gamma=2")
     c.sampling = "greedy"
     c.new_tokens = 8
     c.repeats = 1
