@@ -118,7 +118,11 @@ def summary(rows: list) -> dict:
       "median_abs_ratio_error": statistics.median(ratio) if ratio else None,
       "median_abs_iteration_error": statistics.median(it) if it else None,
       "rows": len(rows),
-      "ratio_rows_over_25pct": [f"{r['model']} {r['context']} {r['sampling']} {r['method']}" for r in spec_rows if abs(r["ratio_error"]) > 0.25],
+      "ratio_rows_over_25pct": [
+          f"{r['model']} {r['context']} {r['sampling']} {r['method']}"
+          for r in spec_rows
+          if abs(r["ratio_error"]) > 0.25
+      ],
   }
 
 
@@ -163,7 +167,11 @@ def write(c, rows: list, hws: dict, seconds: float, partial: bool) -> dict:
   out = out_dir_for(c)
   payload = {"config": c.to_dict(), "host": {k: h.as_dict() for k, h in hws.items()}, "summary": summ, "rows": rows}
   payload["partial"] = partial
-  md = table(rows) + f"\n\nmedian |ratio error| {_pct(summ['median_abs_ratio_error'])}" + (" (partial)" if partial else "")
+  md = (
+      table(rows)
+      + f"\n\nmedian |ratio error| {_pct(summ['median_abs_ratio_error'])}"
+      + (" (partial)" if partial else "")
+  )
   common.write_report(out, "calibration", payload, md)
   common.atomic_write_text(os.path.join(out, "README.md"), readme(c, summ, hws, seconds))
   return payload

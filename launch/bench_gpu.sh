@@ -22,10 +22,9 @@ if [[ $MODE == cpu ]]; then
   PY="${PYTHON:-python}"
   OUT="${OUT:-$(mktemp -d)}"
   SETUP=()
-  # tiny sizes: a random huginn:tiny (E 32, R 8), one 8-token prompt, 2 new tokens, AR and LoopSpec
-  TINY="--config.models=\"['random:huginn:tiny']\" --config.methods=\"['ar','loopspec:d1=2,d2=4']\" --config.tasks=\"['random']\" --config.prompt_len=8 --config.max_new_tokens=2 --config.num_prompts=1 --config.repeats=1"
-  BUNDLED="--config=bench/default.py:quick $TINY --config.out_dir=$OUT/bench_gpu"
-  HUGINN="--config=bench/default.py:quick $TINY --config.dtype=bfloat16 --config.out_dir=$OUT/bench_gpu_huginn"
+  # tiny sizes (bench/default.py:cpu_rehearsal): a random huginn:tiny, one 8-token prompt, 2 new tokens
+  BUNDLED="--config=bench/default.py:cpu_rehearsal --config.out_dir=$OUT/bench_gpu"
+  HUGINN="--config=bench/default.py:cpu_rehearsal --config.dtype=bfloat16 --config.out_dir=$OUT/bench_gpu_huginn"
   CALIBRATE="--config=cost/calibrate.py:tiny --config.out_dir=$OUT/cost_calibration"
 else
   VENV="${VENV:-$ROOT/.venv-gpu}"

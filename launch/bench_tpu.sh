@@ -19,10 +19,8 @@ esac
 if [[ $MODE == cpu ]]; then
   export JAX_PLATFORMS=cpu
   OUT="${OUT:-$(mktemp -d)}"
-  TINY=(--config.models="['random:huginn:tiny']" --config.methods="['ar','loopspec:d1=2,d2=4']" --config.tasks="['random']"
-        --config.prompt_len=8 --config.max_new_tokens=2 --config.num_prompts=1 --config.repeats=1)
-  STEP1=(experiments.bench --config=bench/default.py:quick "${TINY[@]}" --config.out_dir="$OUT/bench_tpu")
-  STEP2=(experiments.bench --config=bench/default.py:quick "${TINY[@]}" --config.dtype=bfloat16 --config.out_dir="$OUT/bench_tpu_huginn")
+  STEP1=(experiments.bench --config=bench/default.py:cpu_rehearsal --config.out_dir="$OUT/bench_tpu")
+  STEP2=(experiments.bench --config=bench/default.py:cpu_rehearsal --config.dtype=bfloat16 --config.out_dir="$OUT/bench_tpu_huginn")
   STEP3=(experiments.cost_report --config=cost/calibrate.py:tiny --config.out_dir="$OUT/cost_calibration")
   for step in STEP1 STEP2 STEP3; do
     declare -n args="$step"

@@ -114,7 +114,12 @@ def _layer_bytes(cfg: ModelConfig) -> dict:
   item = jnp.dtype(cfg.dtype).itemsize
   kv_pos = 2 * cfg.num_kv_heads * cfg.head_dim * item  # K and V of one position of one layer
   head = pb.get("lm_head", pb["embed"])
-  return {"core": pb["core"] + pb.get("adapter", 0.0), "outer": pb.get("prelude", 0.0) + pb.get("coda", 0.0), "head": head, "kv_pos": kv_pos}
+  return {
+      "core": pb["core"] + pb.get("adapter", 0.0),
+      "outer": pb.get("prelude", 0.0) + pb.get("coda", 0.0),
+      "head": head,
+      "kv_pos": kv_pos,
+  }
 
 
 def step_time(hw: Hardware, weight_bytes: float, params: float, rows: int, kv_bytes: float, ws: float, kernels: float):
@@ -137,7 +142,9 @@ def iteration_seconds(hw: Hardware, cfg: ModelConfig, method: Method, batch: int
   def outer(rows):
     layers = cfg.n_prelude + cfg.n_coda
     kv = rows * context * lb["kv_pos"] * layers
-    return step_time(hw, lb["outer"] + lb["head"], (lb["outer"] + lb["head"]) / item, rows, kv, ws, OPS_PER_LAYER_STEP * (layers + 1))
+    return step_time(
+        hw, lb["outer"] + lb["head"], (lb["outer"] + lb["head"]) / item, rows, kv, ws, OPS_PER_LAYER_STEP * (layers + 1)
+    )
 
   r, b = cfg.recurrence, batch
   if isinstance(method, AR):
@@ -183,7 +190,14 @@ def candidates(cfg: ModelConfig) -> List[Method]:
 # ---------------------------------------------------------------------------------------------------
 # The device and the plan
 # ---------------------------------------------------------------------------------------------------
-_DEVICE_KINDS = (("h200", "h200"), ("h100", "h100"), ("v5p", "tpu_v5p"), ("v5 lite", "tpu_v5e"), ("v5e", "tpu_v5e"), ("v4", "tpu_v4"))
+_DEVICE_KINDS = (
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("v5p", "tpu_v5p"),
+    ("v5 lite", "tpu_v5e"),
+    ("v5e", "tpu_v5e"),
+    ("v4", "tpu_v4"),
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -231,7 +245,9 @@ def rank(cfg: ModelConfig, hw: Hardware, batch: int, context: int, curve, greedy
   from loopspec_jax.analysis import cost
 
   ws = sum(cost.param_bytes(cfg).values()) + batch * cost.ar_token_bytes(ccfg, context)["kv"]
-  timed = [dataclasses.replace(c, iteration_s=hw.step_seconds(_hlo_cost(ccfg, c.method, batch, greedy), ws)) for c in picked]
+  timed = [
+      dataclasses.replace(c, iteration_s=hw.step_seconds(_hlo_cost(ccfg, c.method, batch, greedy), ws)) for c in picked
+  ]
   return sorted(timed, key=lambda c: -c.tokens_per_s)
 
 
@@ -252,7 +268,12 @@ def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto") 
       source = "probe" if curve is not None else "envelope (probe did not fit)"
     curve = curve or ENVELOPE
     lb = _layer_bytes(cfg)
-    ws = lb["core"] + lb["outer"] + lb["head"] + len(prompts) * context * lb["kv_pos"] * (cfg.recurrence * cfg.n_core + 2)
+    ws = (
+        lb["core"]
+        + lb["outer"]
+        + lb["head"]
+        + len(prompts) * context * lb["kv_pos"] * (cfg.recurrence * cfg.n_core + 2)
+    )
     hw = hardware_for(cfg, float(ws))
     ranked = rank(cfg, hw, len(prompts), context, curve, greedy, auto.shortlist)
     best, ar = ranked[0], next(c for c in ranked if isinstance(c.method, AR))
@@ -284,7 +305,7 @@ class Auto(Method):
   probe_tokens: Optional[int] = 32
   shortlist: Optional[int] = 3  # families re-timed from their compiled loops' HLO (0: the analytic model only)
 
-  def resolve(self, model, prompts, *, max_new_tokens: int, greedy: bool):
+  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool):
     return plan(model, prompts, max_new_tokens, greedy, self)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):

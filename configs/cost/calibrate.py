@@ -28,7 +28,13 @@ OURO_METHODS = (  # R = 4: (2, 8) does not exist; its best pair is (1, 2)
     "draft:draft_model=tiny-raven-draft,gamma=4",
     "lookup:gamma=4",
 )
-E512_METHODS = ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2", "loopspec:d1=2,d2=8", "lookup:gamma=4")  # no drafter shares its 65536-token vocabulary
+E512_METHODS = (
+    "ar",
+    "chain:d1=2,gamma=8",
+    "loopspec:d1=2",
+    "loopspec:d1=2,d2=8",
+    "lookup:gamma=4",
+)  # no drafter shares its 65536-token vocabulary
 
 
 def get_config(arg=None):

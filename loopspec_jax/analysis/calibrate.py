@@ -157,7 +157,9 @@ def time_decode_loop(model, method, *, context: int, new_tokens: int, greedy: bo
   sp = common.make_sampling_params(1, new_tokens, 0.0 if greedy else 1.0, 0, 1.0, seed, None)
 
   def fresh_state():
-    cache, tokens = common.prefill_for(dec, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False)
+    cache, tokens = common.prefill_for(
+        dec, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False
+    )
     return dec.init(cache, tokens, len_arr, sp, **dec.init_kw)
 
   state = fresh_state()
@@ -190,4 +192,7 @@ def measure_runs(loops: Dict[str, LoopRun], repeats: int) -> Dict[str, dict]:
       sec, iters, toks = lr.run()
       per_iter[k].append(sec / max(iters, 1))
       tpi[k].append(toks / max(iters, 1))
-  return {k: {"iteration_s": statistics.median(per_iter[k]), "tokens_per_iteration": statistics.median(tpi[k])} for k in loops}
+  return {
+      k: {"iteration_s": statistics.median(per_iter[k]), "tokens_per_iteration": statistics.median(tpi[k])}
+      for k in loops
+  }

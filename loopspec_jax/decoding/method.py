@@ -30,7 +30,7 @@ class Method:
   def check_target(self, model) -> None:
     """Checks that need the target `LoopedModel` itself (e.g. a drafter's tokenizer); run before compiling."""
 
-  def resolve(self, model, prompts, *, max_new_tokens: int, greedy: bool):
+  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool):
     """(the method to run for these requests, a plan dict or None): a planner (`planner.Auto`) picks one
     here; every other method is itself."""
     return self, None
