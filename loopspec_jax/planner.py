@@ -211,7 +211,7 @@ def hardware_for(cfg: ModelConfig, working_set: float) -> Hardware:
   for key, name in _DEVICE_KINDS:
     if key in kind:
       return hardware.from_accelerator(name, accelerators.ACCELERATORS[name])
-  return calibrate.calibrate_host(cfg, [working_set], rows=(1, 2, 4, 8, 16, 32), repeats=3)
+  return calibrate.calibrate_host(cfg, [working_set], rows=(1, 4, 16, 64), repeats=2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -237,9 +237,12 @@ def rank(cfg: ModelConfig, hw: Hardware, batch: int, context: int, curve, greedy
     return out
   picked, families = [], set()
   for c in out:
-    fam = (type(c.method).__name__, getattr(c.method, "d2", 0) is None)
-    if isinstance(c.method, AR) or (fam not in families and len(families) < shortlist):
-      families.add(fam) if not isinstance(c.method, AR) else None
+    if isinstance(c.method, AR):
+      picked.append(c)
+      continue
+    fam = (type(c.method).__name__, isinstance(c.method, LoopSpec) and c.method.d2 is None)
+    if fam not in families and len(families) < shortlist:
+      families.add(fam)
       picked.append(c)
   ccfg = cfg.replace(max_len=context)
   from loopspec_jax.analysis import cost
