@@ -7,6 +7,8 @@ rows as JSON.
 
   python -m loopspec_jax.experiments.cost_report
   python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
+  loopspec-cost-report --config=cost/calibrate.py   # predicted vs measured on this host (cost_calibration.py)
+  loopspec-cost-report --config=cost/sensitivity.py # projection vs per-op overhead (cost_sensitivity.py)
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.configs import accelerators as accel_configs
 from loopspec_jax.configs.models import model_config
 from loopspec_jax.experiments import common
+from loopspec_jax.experiments import cost_calibration
+from loopspec_jax.experiments import cost_sensitivity
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(
@@ -142,6 +146,12 @@ def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
 def main(argv):
   del argv
   c = _CONFIG.value
+  if c.get("calibrate", False):
+    cost_calibration.run_calibration(c)
+    return
+  if c.get("sensitivity", False):
+    cost_sensitivity.run_sensitivity(c)
+    return
   accels = accel_configs.get_config(c.accelerators).to_dict()
   t0 = time.perf_counter()
   rows = []

@@ -151,7 +151,8 @@ def generate(
       "draft_model": draft_model,
       "ngram": ngram,
   }
-  spec = methods.resolve(method, model, **method_args)
+  spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy)  # 'auto'
+  spec = methods.build_checked(spec, model)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
@@ -168,4 +169,5 @@ def generate(
   result = common.run_decoder(
       decoder, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
   )
+  result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
   return result if mesh is None else sharding.drop_padding(result, n_real)

@@ -22,8 +22,9 @@ from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.tree.lookahead import Lookahead
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
+from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 
@@ -67,7 +68,7 @@ def build(method: Union[str, Method], **kwargs) -> Method:
   return dataclasses.replace(base, **given)
 
 
-def resolve(method: Union[str, Method], model, **kwargs) -> Method:
+def build_checked(method: Union[str, Method], model, **kwargs) -> Method:
   """`build(method, **kwargs)` checked against the target `LoopedModel` (its config, and what needs the model
   itself, e.g. a drafter's tokenizer): every check a method makes, before anything compiles."""
   m = build(method, **kwargs)

@@ -375,7 +375,7 @@ def traced_key_purposes(method: str, model, prompts, max_new: int, random_init: 
   `jax.make_jaxpr` of the undecorated `Decoder.loop`, so the trace really happens whatever was compiled before.
   """
   cfg = model.config
-  decoder = methods.resolve(method, model, **method_args).make_decoder(cfg, greedy=False, random_init=random_init)
+  decoder = methods.build_checked(method, model, **method_args).make_decoder(cfg, greedy=False, random_init=random_init)
   prompts = common.validate_prompts(prompts, cfg, max_new)
   tp, total = common.buckets([len(p) for p in prompts], max_new, cfg)
   prompt_arr, len_arr = common.batch_prompts(prompts, tp)

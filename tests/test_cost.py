@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from loopspec_jax.analysis import cost
+from loopspec_jax.analysis import hlo
 from loopspec_jax.configs import accelerators
 from loopspec_jax.configs.models import model_config
 
@@ -116,11 +117,11 @@ def test_conditional_counts_the_largest_branch_or_the_mean():
 
 
 def test_contiguous_slices():
-  assert cost._contiguous((18, 1, 4, 64, 8), (1, 1, 4, 64, 8))
-  assert cost._contiguous((4, 64, 8), (4, 64, 8))
-  assert cost._contiguous((8, 64), (3, 64))
-  assert not cost._contiguous((4, 64, 8), (4, 1, 8))
-  assert not cost._contiguous((8, 64), (8, 3))
+  assert hlo.contiguous((18, 1, 4, 64, 8), (1, 1, 4, 64, 8))
+  assert hlo.contiguous((4, 64, 8), (4, 64, 8))
+  assert hlo.contiguous((8, 64), (3, 64))
+  assert not hlo.contiguous((4, 64, 8), (4, 1, 8))
+  assert not hlo.contiguous((8, 64), (8, 3))
 
 
 def test_parse_tuple_shapes_and_operands():

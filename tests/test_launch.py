@@ -1,7 +1,9 @@
 """Launch scripts: their dry runs print the intended commands and run nothing."""
 
+import json
 import os
 import subprocess
+import sys
 
 from absl import flags
 import pytest
@@ -155,6 +157,24 @@ def test_bench_gpu_dry_run_uses_the_package_module():
   assert out.returncode == 0, out.stderr
   assert "-m loopspec_jax.experiments.bench --config=bench/bundled.py:targets" in out.stdout
   assert "--config=bench/default.py:huginn_0125" in out.stdout
+  assert "-m loopspec_jax.experiments.cost_report --config=cost/calibrate.py" in out.stdout  # the device's check
+
+
+def test_bench_gpu_cpu_rehearsal_runs_every_step_at_tiny_sizes(tmp_path):
+  """`--cpu`: the accelerator script's own steps on this CPU (no install), so it works the day a GPU is lent."""
+  out = subprocess.run(
+      ["bash", os.path.join(_ROOT, "launch", "bench_gpu.sh"), "--cpu"],
+      cwd=_ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      env=dict(os.environ, OUT=str(tmp_path), PYTHON=f"{sys.executable} -P"),
+  )
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert out.stdout.count("+ ") == 4 and "pip install" not in out.stdout
+  rows = json.load(open(tmp_path / "cost_calibration" / "calibration.json"))["rows"]
+  assert rows and all("predicted_ms" in r and "measured_ms" in r for r in rows)
+  assert os.listdir(tmp_path / "bench_gpu") and os.listdir(tmp_path / "bench_gpu_huginn")
 
 
 def test_distributed_settings_and_single_process_noop(monkeypatch):
@@ -189,3 +209,4 @@ def test_bench_tpu_dry_run_runs_both_benchmarks():
   out = _run("bench_tpu.sh", "--dry-run")
   assert out.returncode == 0, out.stderr
   assert "bench/bundled.py:targets" in out.stdout and "bench/default.py:huginn_0125" in out.stdout
+  assert "experiments.cost_report\\ --config=cost/calibrate.py" in out.stdout

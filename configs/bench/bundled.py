@@ -6,6 +6,7 @@
   loopspec-bench --config=bench/bundled.py:targets  # the docs/benchmarks.md table: 4 demo + 4 GSM8K prompts
   loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (both models)
   loopspec-bench --config=bench/bundled.py:baselines_quick  # the same, 2 + 2 prompts, 64 tokens, no auto rows
+  loopspec-bench --config=bench/bundled.py:auto     # method="auto" beside the fixed methods (planner.py)
 
 Methods side by side in one run: autoregressive, chain (best gamma), LoopSpec single proposal, LoopSpec two
 proposals; greedy and sampling (T=1.0, top_p=0.7); medians of `repeats` interleaved repeats.
@@ -118,6 +119,22 @@ def _baselines_quick(c):
       ],
   }
   c.out_dir = "results/bench_baselines_quick"
+
+
+def _auto(c):
+  """method="auto" (loopspec_jax/planner.py) beside the fixed methods it chooses from."""
+  del c["models"], c["tasks"], c["samplings"]  # strings: --config.models=tiny-raven overrides them
+  c.models = "tiny-raven,tiny-ouro"
+  c.tasks = "demo"
+  c.samplings = "greedy,sample"
+  c.num_prompts = 2
+  c.max_new_tokens = 48
+  c.repeats = 2
+  c.methods_by_model = {
+      "tiny-raven": ["ar", "chain:d1=2,gamma=8", "loopspec:d1=2", "loopspec:d1=2,d2=8", "auto"],
+      "tiny-ouro": ["ar", "chain:d1=1,gamma=4", "loopspec:d1=1", "loopspec:d1=1,d2=2", "auto"],
+  }
+  c.out_dir = "results/bench_auto"
 
 
 _PRESETS = {

@@ -4,6 +4,7 @@ loopspec-bench                                  # this config (the default)
 loopspec-bench --config=bench/default.py:quick  # CI-sized
 loopspec-bench --config=bench/default.py:huginn_0125   # real-shape random Huginn-0125 in bf16 (accelerators)
 loopspec-bench --config=bench/default.py:memory_bound  # Huginn-0125's layout at E = 512: memory-bound on a CPU
+loopspec-bench --config=bench/default.py:cpu_rehearsal # tiny: launch/bench_{gpu,tpu}.sh --cpu
 """
 
 import ml_collections
@@ -47,6 +48,15 @@ def get_config(arg=None):
     c.max_new_tokens = 16
     c.repeats = 1
     c.out_dir = "results/bench_quick"
+  elif arg == "cpu_rehearsal":  # launch/bench_{gpu,tpu}.sh --cpu: the accelerator scripts' steps at tiny sizes
+    c.models = ["random:huginn:tiny"]
+    c.model_label = "huginn:tiny (random)"
+    c.num_prompts = 1
+    c.prompt_len = 8
+    c.max_new_tokens = 2
+    c.repeats = 1
+    c.methods = ["ar"]  # one compile per step: the rehearsal checks the script path, not the speed
+    c.out_dir = "results/bench_cpu_rehearsal"
   elif arg:
-    raise ValueError(f"unknown preset {arg!r}; known: quick, huginn_0125, memory_bound")
+    raise ValueError(f"unknown preset {arg!r}; known: quick, huginn_0125, memory_bound, cpu_rehearsal")
   return c

@@ -32,6 +32,11 @@ class Method:
   def check_target(self, model) -> None:
     """Checks that need the target `LoopedModel` itself (e.g. a drafter's tokenizer); run before compiling."""
 
+  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool):
+    """(the method to run for these requests, a plan dict or None): a planner (`planner.Auto`) picks one
+    here; every other method is itself."""
+    return self, None
+
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     """The `decoding.common.Decoder` that runs this method on a model with config `cfg`."""
     raise NotImplementedError(f"{type(self).__name__}.make_decoder")

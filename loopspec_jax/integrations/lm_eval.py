@@ -171,7 +171,7 @@ class LoopSpecLM(TemplateLM):
     self.cfg = model.config
     # The method, its arguments and depths are validated now, before any request compiles anything.
     args = {k: methods.parse_value(str(v)) if isinstance(v, str) else v for k, v in {**given, **extra}.items()}
-    self.method = methods.resolve(method, model, **args)
+    self.method = methods.build_checked(method, model, **args)
     if isinstance(batch_size, str) and batch_size.startswith("auto"):
       log.warning("batch_size=%r: automatic batch sizing is not supported, using 1", batch_size)
       batch_size = 1

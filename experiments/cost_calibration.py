@@ -1,0 +1,199 @@
+"""Calibration of the cost model on the host: predicted against measured decode-loop iterations.
+
+For each model (`configs/cost/calibrate.py`): measure the host's terms at the model's shapes
+(`analysis/calibrate.py`: stream bandwidth at the model's working set, product throughput P(M), per-op
+overhead), then for each context and sampling mode compile every method's real decode loop once, predict one
+iteration from its optimised HLO with `hardware.Hardware.step_seconds`, run the same compiled loop to completion
+(interleaved repeats, medians) and write one row per method:
+
+  predicted_ms / measured_ms      one loop iteration (AR token, chain round, LoopSpec tick, draft round)
+  tokens_per_iteration            measured (the prediction is of the hardware model, not of acceptance)
+  predicted_ratio / measured_ratio  speed against AR of the same model, context and sampling:
+                                  (AR seconds per token) / (method seconds per token); > 1 is faster
+  ratio_error                     predicted_ratio / measured_ratio - 1
+  terms_ms                        the prediction's memory / compute / per-op terms (which term is wrong)
+
+Rows go to <out_root>/<host>-<date>/calibration.json and .md, with a README.md naming host, date, command.
+
+  loopspec-cost-report --config=cost/calibrate.py            # the full grid
+  loopspec-cost-report --config=cost/calibrate.py:quick      # a subset (tiny models, greedy)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+from loopspec_jax import methods
+from loopspec_jax.analysis import calibrate
+from loopspec_jax.analysis import cost
+from loopspec_jax.experiments import common
+
+
+def working_set_bytes(cfg, context: int) -> float:
+  """Weights plus the committed KV cache of one request at `context` positions (the bytes an AR token streams)."""
+  ideal = cost.ar_token_bytes(cfg.replace(dtype=cfg.dtype), context)
+  return float(sum(cost.param_bytes(cfg).values()) + ideal["kv"])
+
+
+def predict(hw, lr: calibrate.LoopRun, working_set: float, mode: str) -> tuple:
+  """(seconds, terms in ms, StepCost) of one iteration of a compiled loop on hardware hw."""
+  step = cost.analyze_hlo(lr.hlo, lr.kv_dims, lr.slot_bytes)
+  terms = hw.terms(step, working_set)
+  seconds = hw.step_seconds(step, working_set, mode)
+  return seconds, {k.replace("_s", "_ms"): v * 1e3 for k, v in terms.items()}, step
+
+
+def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
+  """One row per method of one model at one context and sampling mode (the first method is AR)."""
+  specs = list(c.model_settings[label].methods)
+  loops = {}
+  for spec in specs:
+    loops[spec] = calibrate.time_decode_loop(model, spec, context=context, new_tokens=c.new_tokens, greedy=greedy)
+  measured = calibrate.measure_runs(loops, c.repeats)
+  ws = working_set_bytes(model.config, context)
+  rows = []
+  for spec in specs:
+    pred_s, terms, step = predict(hw, loops[spec], ws, c.mode)
+    m = measured[spec]
+    rows.append(
+        {
+            "model": label,
+            "method": methods.parse(spec).label,
+            "spec": spec,
+            "sampling": "greedy" if greedy else "sampled",
+            "context": context,
+            "predicted_ms": pred_s * 1e3,
+            "measured_ms": m["iteration_s"] * 1e3,
+            "iteration_error": pred_s / m["iteration_s"] - 1.0,
+            "tokens_per_iteration": m["tokens_per_iteration"],
+            "terms_ms": terms,
+            "ops": step.ops,
+            "unknown_trip_counts": step.unknown_trip_counts,
+            "flops_by_rows": {str(k): v for k, v in step.flops_by_rows.items()},
+            "flops": step.flops,
+            "bytes": step.total_bytes,
+            "working_set_bytes": ws,
+        }
+    )
+  ar = rows[0]
+  for r in rows:
+    tpi = max(r["tokens_per_iteration"], 1e-9)
+    r["predicted_ratio"] = ar["predicted_ms"] / (r["predicted_ms"] / tpi)
+    r["measured_ratio"] = ar["measured_ms"] / (r["measured_ms"] / tpi)
+    r["ratio_error"] = r["predicted_ratio"] / r["measured_ratio"] - 1.0
+  return rows
+
+
+def which_term(row: dict) -> str:
+  """The dominant term of the prediction (where a miss most likely comes from)."""
+  t = row["terms_ms"]
+  return max(("memory", "compute", "overhead"), key=lambda k: t[f"{k}_ms"])
+
+
+def table(rows: list) -> str:
+  heads = ["model", "ctx", "sampling", "method", "tok/iter", "pred ms", "meas ms", "iter err", "pred x AR"]
+  heads += ["meas x AR", "ratio err", "dominant term (mem/comp/op ms)"]
+  lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  for r in rows:
+    t = r["terms_ms"]
+    cells = [r["model"], str(r["context"]), r["sampling"], r["method"], f"{r['tokens_per_iteration']:.2f}"]
+    cells += [f"{r['predicted_ms']:.3g}", f"{r['measured_ms']:.3g}", f"{100 * r['iteration_error']:+.0f}%"]
+    cells += [f"{r['predicted_ratio']:.2f}", f"{r['measured_ratio']:.2f}", f"{100 * r['ratio_error']:+.0f}%"]
+    cells += [f"{which_term(r)} ({t['memory_ms']:.3g}/{t['compute_ms']:.3g}/{t['overhead_ms']:.3g})"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def summary(rows: list) -> dict:
+  """Median absolute errors (ratio over non-AR rows; iteration over all) and the rows past 25%."""
+  spec_rows = [r for r in rows if r["spec"] != "ar"]
+  ratio = [abs(r["ratio_error"]) for r in spec_rows]
+  it = [abs(r["iteration_error"]) for r in rows]
+  return {
+      "median_abs_ratio_error": statistics.median(ratio) if ratio else None,
+      "median_abs_iteration_error": statistics.median(it) if it else None,
+      "rows": len(rows),
+      "ratio_rows_over_25pct": [
+          f"{r['model']} {r['context']} {r['sampling']} {r['method']}"
+          for r in spec_rows
+          if abs(r["ratio_error"]) > 0.25
+      ],
+  }
+
+
+def out_dir_for(c) -> str:
+  if c.out_dir:
+    return c.out_dir
+  host = platform.node() or "host"
+  return os.path.join(c.out_root, f"{host}-{datetime.date.today().isoformat()}")
+
+
+def readme(c, summ: dict, hws: dict, seconds: float) -> str:
+  cmd = " ".join(["loopspec-cost-report"] + [a for a in sys.argv[1:]])
+  lines = [
+      "# Cost-model calibration on this host",
+      "",
+      f"- host: {common.machine_description()}",
+      f"- date: {datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
+      f"- command: `{cmd}` ({seconds:.0f} s)",
+      f"- models {c.models}, new tokens {c.new_tokens}, repeats {c.repeats} (interleaved, medians), model {c.mode}",
+      f"- median |ratio error| {_pct(summ['median_abs_ratio_error'])}, median |iteration error| "
+      f"{_pct(summ['median_abs_iteration_error'])} over {summ['rows']} rows",
+      f"- ratio rows past 25%: {', '.join(summ['ratio_rows_over_25pct']) or 'none'}",
+      "",
+      "Measured host terms per model (B/s at working-set bytes; FLOP/s at rows M; s per op):",
+      "",
+  ]
+  for label, hw in hws.items():
+    bw = ", ".join(f"{s / 1e6:.3g} MB: {b / 1e9:.3g} GB/s" for s, b in hw.bandwidth_at_bytes)
+    pm = ", ".join(f"M={m}: {f / 1e9:.3g}" for m, f in hw.flops_at_rows)
+    lines.append(f"- {label}: bandwidth {bw}; GFLOP/s {pm}; per-op {hw.op_overhead_s * 1e6:.2f} us")
+  lines += ["", "Table: calibration.md; rows: calibration.json."]
+  return "\n".join(lines) + "\n"
+
+
+def _pct(x):
+  return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def write(c, rows: list, hws: dict, seconds: float, partial: bool) -> dict:
+  """Writes calibration.json / .md and README.md to the run's directory (again after every block)."""
+  summ = summary(rows)
+  out = out_dir_for(c)
+  payload = {"config": c.to_dict(), "host": {k: h.as_dict() for k, h in hws.items()}, "summary": summ, "rows": rows}
+  payload["partial"] = partial
+  md = (
+      table(rows)
+      + f"\n\nmedian |ratio error| {_pct(summ['median_abs_ratio_error'])}"
+      + (" (partial)" if partial else "")
+  )
+  common.write_report(out, "calibration", payload, md)
+  common.atomic_write_text(os.path.join(out, "README.md"), readme(c, summ, hws, seconds))
+  return payload
+
+
+def run_calibration(c) -> dict:
+  """Runs the grid of config c (see module docstring); returns the payload it writes."""
+  t0 = time.perf_counter()
+  rows, hws = [], {}
+  for label in common.split_list(c.models):
+    s = c.model_settings[label]
+    model = common.resolve_model(s.spec)
+    contexts = list(s.contexts)
+    ws = [working_set_bytes(model.config, ctx) for ctx in contexts]
+    hws[label] = hw = calibrate.calibrate_host(model.config, ws, tuple(c.rows), c.micro_repeats)
+    print(f"[{time.perf_counter() - t0:.0f}s] {label}: host terms measured", flush=True)
+    for ctx in contexts:
+      for mode in common.split_list(s.get("sampling", c.sampling)):
+        rows += rows_for(model, label, hw, ctx, mode == "greedy", c)
+        print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {ctx} {mode} done", flush=True)
+        write(c, rows, hws, time.perf_counter() - t0, partial=True)
+    common.release_compiled()
+  payload = write(c, rows, hws, time.perf_counter() - t0, partial=False)
+  print(table(rows) + f"\n\nmedian |ratio error| {_pct(payload['summary']['median_abs_ratio_error'])}")
+  return payload

@@ -1,0 +1,355 @@
+"""Parsing of XLA's optimised HLO text into computations and instructions, and the structural queries the
+cost model (`analysis/hlo_cost.py`) asks of them: fusion kinds (view / copy / gather / compute), in-place
+roots, sliced parameters, contiguous slices, dot flops.
+
+Only what the text of `jax.jit(f).lower(...).compile().as_text()` holds is read: shapes as (dtype, dims)
+leaves, opcodes, operand names and the raw attribute text (calls=, body=, index=, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "s4": 0.5,
+    "u4": 0.5,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3b11fnuz": 1,
+    "token": 0,
+    "tuple": 0,
+}
+FREE_OPS = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "opt-barrier",
+        "partition-id",
+        "replica-id",
+        "add-dependency",
+    }
+)
+VIEW_OPS = frozenset({"bitcast", "reshape", "convert", "get-tuple-element"})  # no data movement on a device
+MOVE_OPS = frozenset({"copy", "transpose"})  # physical layout changes
+SLICE_OPS = frozenset({"dynamic-slice", "slice", "gather"})
+INPLACE_OPS = frozenset({"dynamic-update-slice", "scatter"})
+CATEGORIES = ("weights", "kv", "copies", "other")
+
+
+@dataclasses.dataclass
+class Instr:
+  """One HLO instruction: leaves of its shape as (dtype, dims), opcode, operand names, raw attributes."""
+
+  name: str
+  shapes: List[Tuple[str, Tuple[int, ...]]]
+  is_tuple: bool
+  opcode: str
+  operands: List[str]
+  raw_operands: str
+  attrs: str
+
+  @property
+  def dims(self) -> Tuple[int, ...]:
+    return self.shapes[0][1] if self.shapes else ()
+
+  def elements(self, leaf: int = 0) -> int:
+    return int(np.prod(self.shapes[leaf][1])) if self.shapes else 0
+
+  def nbytes(self) -> float:
+    return float(sum(np.prod(d) * DTYPE_BYTES.get(t, 4) for t, d in self.shapes))
+
+  def attr(self, key: str) -> Optional[str]:
+    m = re.search(rf"(?:^|[\s,]){re.escape(key)}=%?([\w.\-]+)", self.attrs)
+    return m.group(1) if m else None
+
+  def attr_list(self, key: str) -> List[str]:
+    m = re.search(rf"{re.escape(key)}=\{{([^}}]*)\}}", self.attrs)
+    return [x.strip().lstrip("%") for x in m.group(1).split(",") if x.strip()] if m else []
+
+
+@dataclasses.dataclass
+class Computation:
+  name: str
+  instrs: Dict[str, Instr]
+  root: str
+  params: Dict[int, str]  # parameter number -> instruction name
+
+
+_COMMENT = re.compile(r"/\*.*?\*/")
+_LEAF = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s+=\s+(.*)$")
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the bracket group opening at text[start]."""
+  depth = 0
+  for i in range(start, len(text)):
+    c = text[i]
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  return len(text)
+
+
+def _split_top(text: str) -> List[str]:
+  """Splits on commas outside brackets."""
+  out, depth, cur = [], 0, []
+  for c in text:
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+    if c == "," and depth == 0:
+      out.append("".join(cur))
+      cur = []
+    else:
+      cur.append(c)
+  if cur:
+    out.append("".join(cur))
+  return [x.strip() for x in out if x.strip()]
+
+
+def parse_shape(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
+  """'(f32[2,3]{1,0}, s32[])' -> [('f32', (2, 3)), ('s32', ())]."""
+  out = []
+  for dt, dims in _LEAF.findall(text):
+    dims = dims.replace("<=", "")
+    out.append((dt, tuple(int(d) for d in dims.split(",") if d.strip())))
+  return out
+
+
+def parse_instr(line: str) -> Optional[Tuple[Instr, bool]]:
+  """Parses one instruction line; returns (instr, is_root) or None."""
+  m = _INSTR.match(line)
+  if not m:
+    return None
+  is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
+  if rest.startswith("("):
+    end = _balanced(rest, 0)
+    shape_text, rest = rest[:end], rest[end:].lstrip()
+    is_tuple = True
+  else:
+    shape_text, _, rest = rest.partition(" ")
+    is_tuple = False
+  om = re.match(r"([\w\-]+)\(", rest)
+  if not om:
+    return None
+  opcode = om.group(1)
+  end = _balanced(rest, om.end() - 1)
+  raw = rest[om.end() : end - 1]
+  attrs = rest[end:]
+  operands = []
+  if opcode != "constant":
+    for item in _split_top(raw):
+      tok = item.split()[-1]
+      if tok.startswith("%") or re.match(r"^[A-Za-z_][\w.\-]*$", tok):
+        operands.append(tok.lstrip("%"))
+  return Instr(name, parse_shape(shape_text), is_tuple, opcode, operands, raw, attrs), is_root
+
+
+def parse_hlo(text: str) -> Tuple[Dict[str, Computation], str]:
+  """All computations of an HLO module text; returns (computations by name, entry name)."""
+  comps, entry, cur = {}, None, None
+  for line in _COMMENT.sub("", text).splitlines():
+    if cur is None:
+      m = _HEADER.match(line)
+      if m:
+        cur = Computation(m.group(2), {}, "", {})
+        if m.group(1):
+          entry = cur.name
+      continue
+    if line.strip() == "}":
+      if not cur.root and cur.instrs:
+        cur.root = list(cur.instrs)[-1]
+      comps[cur.name] = cur
+      cur = None
+      continue
+    parsed = parse_instr(line)
+    if parsed is None:
+      continue
+    ins, is_root = parsed
+    cur.instrs[ins.name] = ins
+    if is_root:
+      cur.root = ins.name
+    if ins.opcode == "parameter":
+      cur.params[int(ins.raw_operands.strip())] = ins.name
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text")
+  return comps, entry
+
+
+def const_value(ins: Instr) -> Optional[int]:
+  try:
+    return int(float(ins.raw_operands.strip()))
+  except ValueError:
+    return None
+
+
+def contiguous(src_dims: Tuple[int, ...], out_dims: Tuple[int, ...]) -> bool:
+  """A slice of out_dims from src_dims (row-major) is one contiguous block."""
+  if len(src_dims) != len(out_dims):
+    return False
+  partial = False
+  for s, o in zip(src_dims, out_dims):
+    if partial and o != s:
+      return False
+    if o != 1 and o != s:
+      if partial:
+        return False
+      partial = True
+    elif o == s and o != 1:
+      partial = True
+  return True
+
+
+def dot_flops(ins: Instr, comp: Computation) -> float:
+  """2 * prod(result dims) * prod(contracting dims of the lhs)."""
+  lhs = comp.instrs[ins.operands[0]].dims
+  k = 1
+  for d in ins.attr_list("lhs_contracting_dims"):
+    k *= lhs[int(d)]
+  return 2.0 * float(np.prod(ins.dims)) * k
+
+
+def dot_rows(ins: Instr, comp: Computation) -> int:
+  """The skinny extent of a product: min over lhs / rhs of the elements of their free (neither contracting nor
+  batch) dims. A decode matmul [M, K] x [K, N] has rows min(M, N) = M; attention of one query row against T
+  keys (batched over heads) has rows 1. Product throughput on every device falls with it (`hardware.py`)."""
+  free = []
+  for side, operand in (("lhs", ins.operands[0]), ("rhs", ins.operands[1] if len(ins.operands) > 1 else None)):
+    if operand is None or operand not in comp.instrs:
+      continue
+    dims = comp.instrs[operand].dims
+    bound = {int(d) for key in ("contracting_dims", "batch_dims") for d in ins.attr_list(f"{side}_{key}")}
+    free.append(int(np.prod([d for i, d in enumerate(dims) if i not in bound])))
+  return max(min(free), 1) if free else 1
+
+
+def data_ops(comp: Computation) -> Tuple[set, set]:
+  """(opcodes, parameter numbers) on the data path to the root: slice/update indices are not followed."""
+  ops, params, seen, stack = set(), set(), set(), [comp.root]
+  while stack:
+    name = stack.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    ins = comp.instrs[name]
+    ops.add(ins.opcode)
+    if ins.opcode == "parameter":
+      params.add(int(ins.raw_operands.strip()))
+    elif ins.opcode in ("dynamic-slice", "slice", "gather"):
+      stack.append(ins.operands[0])
+    elif ins.opcode == "dynamic-update-slice":
+      stack += ins.operands[:2]
+    elif ins.opcode == "scatter":
+      stack += [ins.operands[0], ins.operands[2]]
+    else:
+      stack += ins.operands
+  return ops, params
+
+
+def fusion_kind(comp: Computation) -> Tuple[str, Optional[int]]:
+  """See `HloCostModel.fusion_kind`."""
+  ops, params = data_ops(comp)
+  if len(params) != 1:
+    return "compute", None
+  (p,) = params
+  name = comp.root
+  while True:  # a chain of views and contiguous slices from the root down to the parameter
+    ins = comp.instrs[name]
+    if ins.opcode == "parameter":
+      return "view", p
+    if ins.opcode in VIEW_OPS or (
+        ins.opcode in ("dynamic-slice", "slice") and contiguous(comp.instrs[ins.operands[0]].dims, ins.dims)
+    ):
+      name = ins.operands[0]
+    else:
+      break
+  if ops <= (VIEW_OPS | MOVE_OPS | SLICE_OPS | {"parameter", "constant", "broadcast"}):
+    if ops & MOVE_OPS:
+      return "copy", p
+    if ops & SLICE_OPS:
+      return "gather", p
+  return "compute", None
+
+
+def users(comp: Computation, name: str) -> List[Instr]:
+  return [i for i in comp.instrs.values() if name in i.operands]
+
+
+def only_index_use(comp: Computation, pname: str) -> bool:
+  """The parameter is scalar-ish and feeds only index operands (slice starts, gather indices)."""
+  p = comp.instrs[pname]
+  return p.elements() <= 16 and all(u.opcode != "dot" for u in users(comp, pname))
+
+
+def sliced_elements(comp: Computation, pname: str) -> Optional[Tuple[int, bool]]:
+  """If a fused parameter is only consumed as the sliced operand of slicing ops (through views), returns
+  (elements selected, all contiguous); else None."""
+  total, whole, frontier = 0, True, [pname]
+  while frontier:
+    name = frontier.pop()
+    for u in users(comp, name):
+      if u.opcode in VIEW_OPS:
+        frontier.append(u.name)
+      elif u.opcode in SLICE_OPS and u.operands[0] == name:
+        total += u.elements()
+        if u.opcode == "gather" or not contiguous(comp.instrs[name].dims, u.dims):
+          whole = False
+      else:
+        return None
+  return (total, whole) if total else None
+
+
+def through_views(comp: Computation, name: str) -> Instr:
+  ins = comp.instrs[name]
+  while ins.opcode in VIEW_OPS:
+    ins = comp.instrs[ins.operands[0]]
+  return ins
+
+
+def inplace_roots(comp: Computation) -> Dict[int, int]:
+  """{parameter number: update elements} for dynamic-update-slice / scatter roots updating a parameter."""
+  root = comp.instrs[comp.root]
+  leaves = root.operands if root.opcode == "tuple" else [comp.root]
+  out = {}
+  for leaf in leaves:
+    ins = through_views(comp, leaf)
+    if ins.opcode not in INPLACE_OPS:
+      continue
+    target = through_views(comp, ins.operands[0])
+    if target.opcode == "parameter":
+      upd = comp.instrs[ins.operands[1 if ins.opcode == "dynamic-update-slice" else 2]]
+      num = int(target.raw_operands.strip())
+      out[num] = out.get(num, 0) + upd.elements()
+  return out

@@ -1,0 +1,64 @@
+"""The cost model's calibration path (host terms, predicted vs measured iterations) and the hardware model."""
+
+import json
+import os
+
+import pytest
+
+from loopspec_jax.analysis import cost
+from loopspec_jax.analysis import hardware
+from loopspec_jax.configs import accelerators
+from loopspec_jax.configs.cost import calibrate as calibrate_config
+from loopspec_jax.experiments import cost_calibration
+
+FIELDS = ("model", "method", "sampling", "context", "predicted_ms", "measured_ms", "predicted_ratio", "measured_ratio")
+
+
+def test_calibration_writes_consistent_rows(tmp_path):
+  c = calibrate_config.get_config("tiny")
+  c.out_dir = str(tmp_path)
+  payload = cost_calibration.run_calibration(c)
+  rows = json.load(open(tmp_path / "calibration.json"))["rows"]
+  assert rows == json.loads(json.dumps(payload["rows"]))
+  assert [r["spec"] for r in rows] == list(c.model_settings.tiny_raven.methods)
+  for r in rows:
+    for f in FIELDS:
+      assert f in r, f
+    assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["tokens_per_iteration"] > 0
+    assert r["ratio_error"] == pytest.approx(r["predicted_ratio"] / r["measured_ratio"] - 1)
+    assert r["iteration_error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
+    terms = r["terms_ms"]
+    assert terms["total_ms"] == pytest.approx(terms["memory_ms"] + terms["compute_ms"] + terms["overhead_ms"])
+  ar = rows[0]
+  assert ar["predicted_ratio"] == pytest.approx(1.0) and ar["measured_ratio"] == pytest.approx(1.0)
+  readme = open(tmp_path / "README.md").read()
+  for part in ("host:", "date:", "command:", "median |ratio error|"):
+    assert part in readme
+  assert os.path.exists(tmp_path / "calibration.md")
+
+
+def _cost(flops_rows, nbytes, ops):
+  c = cost.StepCost(ops=ops)
+  for i, (rows, f) in enumerate(flops_rows):
+    c.flop_items[(f"k{i}", rows)] = f
+    c.flops += f
+  c.charge("weights", nbytes, "k0")
+  return c
+
+
+def test_hardware_sums_per_kernel_rooflines_and_overhead():
+  hw = hardware.Hardware("x", bandwidth=1e9, peak_flops=1e12, op_overhead_s=1e-6, flops_at_rows=((1, 1e9), (16, 16e9)))
+  assert hw.throughput(4) == pytest.approx(1e9 + 15e9 * 0.5)  # halfway in log(M) between 1 and 16
+  c = _cost([(1, 2e9), (16, 16e9)], 1e9, 10)  # k0: 1 s memory vs 2 s compute; k1: 1 s compute
+  t = hw.terms(c)
+  assert t["compute_s"] == pytest.approx(3.0) and t["memory_s"] == 0
+  assert hw.step_seconds(c) == pytest.approx(3.0 + 1e-5)
+  assert hw.step_seconds(c, mode="roofline") == pytest.approx(max(18e9 / 1e12, 1e9 / 1e9) + 1e-5)
+  assert hardware.Hardware.from_dict(json.loads(json.dumps(hw.as_dict()))) == hw
+
+
+def test_every_accelerator_has_an_overhead_with_its_source():
+  for name, a in accelerators.ACCELERATORS.items():
+    hw = hardware.from_accelerator(name, a)
+    assert 0 < hw.op_overhead_s <= 5e-6 and hw.source, name
+    assert hw.with_overhead(0).step_seconds(_cost([(1, 1e9)], 1e9, 100)) < hw.step_seconds(_cost([(1, 1e9)], 1e9, 100))
