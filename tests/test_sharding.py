@@ -26,7 +26,7 @@ from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 from loopspec_jax.decoding.loopspec import state as loopspec
 from loopspec_jax.experiments import plan_memory
 from loopspec_jax.models import looped
-from loopspec_jax.parallel import heads
+from loopspec_jax.parallel import heads as heads_lib
 from loopspec_jax.parallel import rules
 from loopspec_jax.parallel import sharding
 
@@ -96,7 +96,7 @@ def _family_part(family: str, part: str, report: dict, rec: dict):
     return res.tokens
 
   def n_configs():  # the configurations of this model's sharded programs (their cfg: its head layout there)
-    return len({c["config"] for c in rec["calls"] if heads.base_config(c["kwargs"]["cfg"]) == cfg})
+    return len({c["config"] for c in rec["calls"] if heads_lib.base_config(c["kwargs"]["cfg"]) == cfg})
 
   if part == "sampled":
     before, traces0 = n_configs(), rec["traces"]
@@ -217,7 +217,7 @@ def _expect(dim_units, size):
 def test_parameters_sharded_as_the_rules_say(reports, family):
   rep = reports[family]
   spec, _, _, (data, model) = FAMILIES[family]
-  cfg = heads.padded_config(model_config(spec), {"data": data, "model": model})  # heads as laid out
+  cfg = heads_lib.padded_config(model_config(spec), {"data": data, "model": model})  # heads as laid out
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
   heads, kv, mlp, vocab = (
       _expect(cfg.num_heads, model),
@@ -259,7 +259,7 @@ def test_decode_state_sharded_as_declared(reports, family):
 
   def expect(name):  # (batch, kv_heads, vocab) mesh axes on the mesh the entry last ran on
     data, model = meshes[name]
-    kv = heads.padded_config(cfg, {"data": data, "model": model}).num_kv_heads
+    kv = heads_lib.padded_config(cfg, {"data": data, "model": model}).num_kv_heads
     return "data", _expect(kv, model), _expect(cfg.vocab_size, model)
 
   b, kv, _ = expect(_PREFILL)
