@@ -32,6 +32,8 @@ The names below are stable; other test files import them:
   record_key_purposes()        context manager recording the purpose of every `sampling.request_key` call
   traced_key_purposes(method, model, prompts, max_new, random_init=False, **method_args)
                                the purposes requested while ONE decode loop of a method is traced
+  record_sharded_calls()       records every sharded program run in this process and counts its traces and
+                               compiles (8-device workers of test_sharding, test_head_padding, ...)
 
 Every decoder draws its randomness through `sampling.request_key(base_key, request, position, purpose)`;
 `traced_key_purposes` relies only on that contract and on `decoding.common.Decoder` (the decoder's `init` and
@@ -512,3 +514,46 @@ def worker_main(worker) -> None:
 def sharding_spec(sharding) -> list:
   """A NamedSharding's PartitionSpec as JSON-able lists (None, an axis name, or a list of axis names)."""
   return [None if e is None else (e if isinstance(e, str) else list(e)) for e in sharding.spec]
+
+
+def record_sharded_calls() -> dict:
+  """Records every sharded program run in this process (call it once, in an 8-device worker subprocess).
+
+  Wraps `sharding.Program.__call__` (for the rest of the process) so each run appends {"name": entry name,
+  "mesh": mesh shape, "kwargs": its static keyword arguments (configs in the mesh's head layout), "in": the
+  shardings of its placed array arguments, "out": of its result, "config": a hashable key of the configuration
+  (entry, static arguments, input avals)} to `calls`; counts the traces of `sharding.run_sharded` (a wrapper
+  whose body runs only while jax traces it) in `traces` and its backend compiles (jax.monitoring events) in
+  `compiles`. One trace and one compile per configuration: `traces == compiles == len({c["config"] ...})`.
+  """
+  from loopspec_jax.parallel import sharding
+
+  rec = {"calls": [], "traces": 0, "compiles": 0}
+  traced = sharding.run_sharded
+
+  @functools.wraps(traced)
+  def run_sharded(*args):  # the same name, so jax's compile events name it as before
+    rec["traces"] += 1
+    return traced(*args)
+
+  def on_event(event, duration, fun_name=None, **kw):
+    del duration, kw
+    if event == "/jax/core/compile/backend_compile_duration" and fun_name == "jit(run_sharded)":
+      rec["compiles"] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  sharding.run_sharded = run_sharded  # `sharding.program` looks it up at each call
+  run = sharding.Program.__call__
+  shardings = lambda tree: jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+  def recorded(prog):
+    leaves, treedef = jax.tree_util.tree_flatten(prog.arrays)
+    avals = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    call = {"name": prog.name, "mesh": tuple(prog.mesh_plan.mesh.shape.values()), "kwargs": prog.kwargs}
+    call.update({"in": shardings(prog.arrays), "config": (prog.name, prog.args[1:4], treedef, avals)})
+    out = run(prog)
+    rec["calls"].append(dict(call, out=shardings(out)))
+    return out
+
+  sharding.Program.__call__ = recorded
+  return rec

@@ -48,7 +48,6 @@ PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43, 44]]
 REPEATS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 5, 6, 7], [40, 41, 40, 41, 40]]
 SAMPLING = {"temperature": 1.0, "top_p": 0.9, "seed": 7}
 ODD = dict(num_heads=3, num_kv_heads=3, recurrence=1)  # the 3-head drafter's config overrides of huginn:tiny
-DRAFT_INIT = "loopspec_jax.decoding.draft.initial_state"
 DRAFT_LOOP = "loopspec_jax.decoding.draft.decode_loop"
 
 
@@ -59,6 +58,7 @@ def _worker(name: str, out_path: str):
   from loopspec_jax.decoding import adaptive
 
   assert jax.device_count() == 8, jax.devices()
+  rec = helpers.record_sharded_calls()  # every sharded program run here, its traces and compiles
   adaptive.AUTO_MAX_GAMMA = 3  # a cheaper compile of gamma="auto"; the rule is the same
   shape = WORKERS[name]
   c0 = time.process_time()
@@ -83,7 +83,8 @@ def _worker(name: str, out_path: str):
     run("ar_repeats", REPEATS)
   run("draft", PROMPTS, method="draft", draft_model=odd, gamma=2)
   if shape is not None:
-    st, args = sharding.LAST_SHARDINGS[DRAFT_LOOP], sharding.LAST_IN_SHARDINGS[DRAFT_LOOP]
+    last = [c for c in rec["calls"] if c["name"] == DRAFT_LOOP][-1]
+    st, args = last["out"], last["in"]
     report["dcache"] = helpers.sharding_spec(st.dcache.core[0][0])  # [G, B, KV, T, D]
     report["cache"] = helpers.sharding_spec(st.cache.core[0][0])
     dparams = args[3]  # (params, state, sp, dparams) as placed for the program
@@ -97,13 +98,13 @@ def _worker(name: str, out_path: str):
     run("draft_auto", PROMPTS, method="draft", draft_model=good, gamma="auto")
   if shape == (2, 4):
     # The same configuration again (other prompts, same shapes and bucket): no retrace of the draft programs.
-    traces = {n: sharding.TRACES[n] for n in (DRAFT_INIT, DRAFT_LOOP)}
+    traces = rec["traces"]
     run("draft_again", REPEATS, method="draft", draft_model=odd, gamma=2)
-    report["retraces"] = {n: sharding.TRACES[n] - t for n, t in traces.items()}
+    report["retraces"] = rec["traces"] - traces  # of any sharded program (prefill, draft init and loop)
   if shape is not None:
-    loops = [(st, size) for n, _, st, size in sharding.jit_cache_sizes() if n == DRAFT_LOOP]
-    report["loop_programs"] = [size for _, size in loops]
-    report["loop_heads"] = sorted({(st["cfg"].num_heads, st["dcfg"].num_heads) for st, _ in loops})
+    loops = [c["kwargs"] for c in rec["calls"] if c["name"] == DRAFT_LOOP]
+    report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
+    report["loop_heads"] = sorted({(kw["cfg"].num_heads, kw["dcfg"].num_heads) for kw in loops})
   report["cpu_s"] = round(time.process_time() - c0, 1)
   with open(out_path, "w") as f:
     json.dump(report, f)
@@ -166,10 +167,11 @@ def test_drafter_and_its_cache_are_sharded(reports):
 
 
 def test_no_retrace_for_the_same_configuration(reports):
-  assert reports[(2, 4)]["retraces"] == {DRAFT_INIT: 0, DRAFT_LOOP: 0}
+  assert reports[(2, 4)]["retraces"] == 0
   assert reports[(2, 4)]["tokens"]["draft_again"] == reports[None]["tokens"]["ar_repeats"]
   for shape in MESHES:
-    assert set(reports[shape]["loop_programs"]) == {1}, reports[shape]  # each draft loop compiled once
+    traces, compiles, configs = reports[shape]["programs"]
+    assert traces == compiles == configs, reports[shape]  # each sharded configuration traced and compiled once
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def _worker(name: str, out_path: str):
   from loopspec_jax.decoding import autoregressive, common
 
   assert jax.device_count() == 8, jax.devices()
+  rec = helpers.record_sharded_calls()  # every sharded program run here, its traces and compiles
   cfg = model_config("huginn:tiny", **HUGINN3)
   model = api.from_config(cfg, 0, contraction=0.05)
   v = cfg.vocab_size
@@ -140,10 +141,12 @@ def _worker(name: str, out_path: str):
           "chain": "chain.decode_loop",
           "loopspec": "loopspec.tick.decode_loop",
       }[method]
-      st = sharding.LAST_SHARDINGS[f"loopspec_jax.decoding.{loop}"]
+      st = [c["out"] for c in rec["calls"] if c["name"] == f"loopspec_jax.decoding.{loop}"][-1]
       report["cache"][f"{shape}|{method}"] = [None if e is None else str(e) for e in st.cache.core[0][0].spec]
-  report["kv_heads"] = {f"{m}|{n.split('.')[-2]}": st["cfg"].num_kv_heads for n, m, st, _ in sharding.jit_cache_sizes()}
-  report["programs"] = sorted({size for *_, size in sharding.jit_cache_sizes()})
+  report["kv_heads"] = {
+      f"{c['mesh']}|{c['name'].split('.')[-2]}": c["kwargs"]["cfg"].num_kv_heads for c in rec["calls"]
+  }
+  report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
   # The compiled, SPMD-partitioned HLO of the AR loop on (1, 8): per-device cache buffers and collectives.
   mesh = plans[(1, 8)]
   dec = autoregressive.make_decoder(cfg, greedy=True, random_init=False)
@@ -157,7 +160,9 @@ def _worker(name: str, out_path: str):
   state = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
   report["cache_global"] = list(state.cache.core[0][0].shape)
   params = sharding.shard_params(model.params, cfg, mesh)  # placed padded, as load(..., mesh=) does
-  hlo = sharding.entry(dec.loop, mesh).lower(params, state, sp, **dec.loop_kw).compile().as_text()
+  prog = sharding.program(dec.loop, mesh, params, state, sp, **dec.loop_kw)
+  with jax.set_mesh(mesh.mesh):
+    hlo = prog.jitted.lower(*prog.args).compile().as_text()
   report["hlo_collectives"] = re.findall(r"= (\w+\[[\d,]*\]\S*) (all-gather|all-to-all|collective-permute)\(", hlo)
   report["hlo_entry_params"] = re.findall(r"(\w+\[[\d,]*\])\S* parameter\(", hlo.split("ENTRY")[-1])
   with open(out_path, "w") as f:
@@ -182,7 +187,8 @@ def test_kv_cache_sharded_over_model(report):
     assert spec[1:3] == ["data", "model"], (key, spec)  # [G, B, KV, T, D]: requests / KV heads
   # Every sharded program ran with 3 heads laid out as 8 on (1, 8) and 4 on (2, 4): one head per device.
   assert set(report["kv_heads"].items()) == {(k, 8 if k.startswith("(1, 8)") else 4) for k in report["kv_heads"]}
-  assert report["programs"] == [1]  # every sharded wrapper compiled once
+  traces, compiles, configs = report["programs"]
+  assert traces == compiles == configs  # every sharded configuration traced and compiled once
 
 
 def test_compiled_hlo_holds_one_head_per_device(report):

@@ -26,6 +26,8 @@ from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 from loopspec_jax.decoding.loopspec import state as loopspec
 from loopspec_jax.experiments import plan_memory
 from loopspec_jax.models import looped
+from loopspec_jax.parallel import heads as heads_lib
+from loopspec_jax.parallel import rules
 from loopspec_jax.parallel import sharding
 
 MESHES = [None, (8, 1), (2, 4), (1, 8)]  # pure data, mixed, pure model parallel
@@ -58,9 +60,10 @@ WORKERS = {"a": [("huginn", "greedy")], "b": [("ouro", "greedy"), ("ouro", "samp
 def _worker(name: str, out_path: str):
   assert jax.device_count() == 8, jax.devices()
   report = {}
+  rec = helpers.record_sharded_calls()  # every sharded program run here, its traces and compiles
   for family, part in WORKERS[name]:
     report.setdefault(family, {"timings": {}, "cpu_s": {}})
-    _family_part(family, part, report[family])
+    _family_part(family, part, report[family], rec)
   with open(out_path, "w") as f:
     json.dump(report, f)
 
@@ -68,7 +71,7 @@ def _worker(name: str, out_path: str):
 _PLANS = {}
 
 
-def _family_part(family: str, part: str, report: dict):
+def _family_part(family: str, part: str, report: dict, rec: dict):
   spec, ls_kw, ch_kw, special = FAMILIES[family]
   cfg = model_config(spec)
   model = api.from_config(cfg, 0, contraction=0.05)
@@ -92,13 +95,14 @@ def _family_part(family: str, part: str, report: dict):
     assert res.stats["tokens_generated"] == sum(len(t) for t in res.tokens)
     return res.tokens
 
-  def n_wrappers():  # the wrappers of this model (their cfg is its head layout for the mesh)
-    return sum(1 for _, _, st, _ in sharding.jit_cache_sizes() if sharding.base_config(st["cfg"]) == cfg)
+  def n_configs():  # the configurations of this model's sharded programs (their cfg: its head layout there)
+    return len({c["config"] for c in rec["calls"] if heads_lib.base_config(c["kwargs"]["cfg"]) == cfg})
 
   if part == "sampled":
-    before = n_wrappers()
+    before, traces0 = n_configs(), rec["traces"]
     report["sampled"] = {f"{shape}|{m}": run(shape, m, **SAMPLING) for shape in (None, special) for m in methods}
-    report["sampled_new_wrappers"] = n_wrappers() - before
+    report["sampled_new_configs"] = n_configs() - before
+    report["sampled_traces"] = rec["traces"] - traces0
     return
 
   report["greedy"] = {f"{shape}|{m}": run(shape, m) for shape in MESHES for m in methods}
@@ -108,9 +112,10 @@ def _family_part(family: str, part: str, report: dict):
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   report["param_specs"] = {jax.tree_util.keystr(p): _spec(x) for p, x in flat}
   report["param_shard_shapes"] = {jax.tree_util.keystr(p): list(x.addressable_shards[0].data.shape) for p, x in flat}
-  traces0 = sum(sharding.TRACES.values())
+  traces0, compiles0 = rec["traces"], rec["compiles"]
   report["rerun_tokens"] = run(special, "loopspec")  # again, with parameters already placed: no retrace
-  report["rerun_traces"] = sum(sharding.TRACES.values()) - traces0
+  report["rerun_traces"], report["rerun_compiles"] = rec["traces"] - traces0, rec["compiles"] - compiles0
+  last = {c["name"]: c["out"] for c in rec["calls"]}  # the shardings of each entry's last result
   report["state_specs"] = {
       name: {
           jax.tree_util.keystr(p): helpers.sharding_spec(s)
@@ -118,19 +123,13 @@ def _family_part(family: str, part: str, report: dict):
               tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
           )[0]
       }
-      for name, tree in sharding.LAST_SHARDINGS.items()
+      for name, tree in last.items()
   }
   report["state_meshes"] = {
-      name: list(jax.tree_util.tree_leaves(tree)[0].mesh.shape.values())
-      for name, tree in sharding.LAST_SHARDINGS.items()
+      name: list(jax.tree_util.tree_leaves(tree)[0].mesh.shape.values()) for name, tree in last.items()
   }
-  report["traces"] = sum(sharding.TRACES.values())
-  report["cache_sizes"] = [
-      [n, list(m), {k: str(v) for k, v in st.items() if k != "cfg"}, c]
-      for n, m, st, c in sharding.jit_cache_sizes()
-      if sharding.base_config(st["cfg"]) == cfg
-  ]
-  report["n_wrappers"] = n_wrappers()
+  report["traces"], report["compiles"] = traces0, compiles0  # the greedy sweep's (before the rerun)
+  report["n_configs"] = n_configs()
 
   # Memory plan vs the real per-device bytes of the greedy LoopSpec state of that run (same shapes and the same
   # decoder as `generate` builds: the compiled prefill and initial state are reused).
@@ -141,13 +140,13 @@ def _family_part(family: str, part: str, report: dict):
   d1, d2 = ls_kw["d1"], ls_kw.get("d2")
   cap = loopspec.default_capacity(cfg.recurrence, d1, d2)
   dec = plan_memory.make_decoder(cfg, "loopspec", d1, d2, cap, greedy=True)
-  traces0 = sum(sharding.TRACES.values())
+  traces0 = rec["traces"]
   cache, tokens = common.prefill_for(  # model.params as the runs above passed them: their programs are reused
       dec, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=False, mesh=mesh
   )
   st = sharding.entry(dec.init, mesh)(cache, tokens, len_arr, sp, **dec.init_kw)
-  report["plan_extra_traces"] = sum(sharding.TRACES.values()) - traces0
-  sp_placed = sharding.place(sp, sharding.state_shardings(sp, cfg, mesh))
+  report["plan_extra_traces"] = rec["traces"] - traces0
+  sp_placed = sharding.place(sp, rules.state_shardings(sp, cfg, mesh))
   real = {
       "params": params,  # as shard_params (and load(..., mesh=)) place them: heads laid out for the mesh
       "committed_kv": st.cache,
@@ -163,7 +162,7 @@ def _family_part(family: str, part: str, report: dict):
         by_dev[shard.device.id] = by_dev.get(shard.device.id, 0) + shard.data.nbytes
     per_device[cat] = sorted(set(by_dev.values()))
   report["real_bytes_per_device"] = per_device
-  row = plan_memory.plan_row(cfg, len(prompts), total, special, "loopspec", sharding.RULES, d1, d2, cap, greedy=True)
+  row = plan_memory.plan_row(cfg, len(prompts), total, special, "loopspec", rules.RULES, d1, d2, cap, greedy=True)
   report["plan_row"] = {k: row[k] for k in real} | {"total": row["total"], "padded_batch": row["padded_batch"]}
 
 
@@ -218,7 +217,7 @@ def _expect(dim_units, size):
 def test_parameters_sharded_as_the_rules_say(reports, family):
   rep = reports[family]
   spec, _, _, (data, model) = FAMILIES[family]
-  cfg = sharding.padded_config(model_config(spec), {"data": data, "model": model})  # heads as laid out
+  cfg = heads_lib.padded_config(model_config(spec), {"data": data, "model": model})  # heads as laid out
   specs, shapes = rep["param_specs"], rep["param_shard_shapes"]
   heads, kv, mlp, vocab = (
       _expect(cfg.num_heads, model),
@@ -260,7 +259,7 @@ def test_decode_state_sharded_as_declared(reports, family):
 
   def expect(name):  # (batch, kv_heads, vocab) mesh axes on the mesh the entry last ran on
     data, model = meshes[name]
-    kv = sharding.padded_config(cfg, {"data": data, "model": model}).num_kv_heads
+    kv = heads_lib.padded_config(cfg, {"data": data, "model": model}).num_kv_heads
     return "data", _expect(kv, model), _expect(cfg.vocab_size, model)
 
   b, kv, _ = expect(_PREFILL)
@@ -290,17 +289,17 @@ def test_decode_state_sharded_as_declared(reports, family):
 @pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_configuration_traces_once(reports, family):
+  """jax.jit's own cache holds the sharded programs: `sharding.run_sharded` is traced and compiled once per
+  configuration (entry, static arguments, input avals), counted by jax.monitoring events in the worker."""
   rep = reports[family]
   # meshes x 3 methods x (prefill (one per readout set), initial state, greedy decode loop).
-  assert rep["n_wrappers"] == (len(MESHES) - 1) * 3 * 3
-  for name, mesh, static, size in rep["cache_sizes"]:
-    assert size == 1, (name, mesh, static)  # one compiled program per wrapper
-  assert rep["traces"] == rep["n_wrappers"]  # each traced once (counted before the sampled runs)
-  assert rep["rerun_traces"] == 0 and rep["plan_extra_traces"] == 0  # reruns reuse the programs
+  assert rep["n_configs"] == (len(MESHES) - 1) * 3 * 3
+  assert rep["traces"] == rep["compiles"] == rep["n_configs"]  # counted before the rerun and the sampled runs
+  assert rep["rerun_traces"] == rep["rerun_compiles"] == 0 and rep["plan_extra_traces"] == 0  # reused
   assert rep["rerun_tokens"] == rep["greedy"]["None|ar"]
   # The sampled runs add 3 sampled decode loops and LoopSpec's sampled initial state (its lanes hold [B, N, V]
-  # distributions) on a mesh the greedy runs used (ouro), or 3 x 3 wrappers in a fresh process (huginn).
-  assert rep["sampled_new_wrappers"] == (4 if family == "ouro" else 9)
+  # distributions) on a mesh the greedy runs used (ouro), or 3 x 3 configurations in a fresh process (huginn).
+  assert rep["sampled_new_configs"] == rep["sampled_traces"] == (4 if family == "ouro" else 9)
 
 
 @pytest.mark.slow  # the 8-device workers (~3 minutes); test_head_padding runs sharded decoding by default
@@ -321,26 +320,26 @@ def test_logical_spec_fallback_and_whole_heads():
   cfg = model_config("huginn:0125")
   sizes = {"data": 2, "model": 4}
   # 55 heads do not divide over 4 devices: replicated, although 55 * 96 = 5280 would split (mid-head).
-  assert sharding.logical_spec(("layers", "embed", "heads"), (4, 5280, 5280), sizes, cfg=cfg) == P(None, None, None)
-  assert sharding.logical_spec(("layers", "embed", "mlp"), (4, 5280, 17920), sizes, cfg=cfg) == P(None, None, "model")
-  assert sharding.logical_spec(("batch", "length"), (3, 8), sizes) == P(None, None)  # 3 requests: replicated
-  assert sharding.logical_spec(("batch", "length"), (4, 8), sizes) == P("data", None)
-  assert sharding.logical_spec((), (), sizes) == P()
+  assert rules.logical_spec(("layers", "embed", "heads"), (4, 5280, 5280), sizes, cfg=cfg) == P(None, None, None)
+  assert rules.logical_spec(("layers", "embed", "mlp"), (4, 5280, 17920), sizes, cfg=cfg) == P(None, None, "model")
+  assert rules.logical_spec(("batch", "length"), (3, 8), sizes) == P(None, None)  # 3 requests: replicated
+  assert rules.logical_spec(("batch", "length"), (4, 8), sizes) == P("data", None)
+  assert rules.logical_spec((), (), sizes) == P()
   # A mesh axis is used once per array (the first rule wins); custom rules can move an axis.
-  rules = sharding.normalize_rules({"heads": "model", "vocab": "model", "embed": None})
-  assert sharding.logical_spec(("heads", "vocab"), (8, 8), sizes, rules) == P("model", None)
-  assert sharding.logical_spec(("vocab", "heads"), (8, 8), sizes, rules) == P(None, "model")
+  custom = rules.normalize_rules({"heads": "model", "vocab": "model", "embed": None})
+  assert rules.logical_spec(("heads", "vocab"), (8, 8), sizes, custom) == P("model", None)
+  assert rules.logical_spec(("vocab", "heads"), (8, 8), sizes, custom) == P(None, "model")
   # When the first rule's dimension does not divide, the axis goes to the next one that does.
-  assert sharding.logical_spec(("heads", "vocab"), (6, 8), sizes, rules) == P(None, "model")
+  assert rules.logical_spec(("heads", "vocab"), (6, 8), sizes, custom) == P(None, "model")
   # A later rule of the same name is the fallback of an earlier one; axes missing from the mesh are ignored.
-  rules = (("batch", ("data", "model")), ("batch", "data"), ("mlp", ("model", "pipe")))
-  assert sharding.logical_spec(("batch", "mlp"), (8, 12), sizes, rules) == P(("data", "model"), None)
-  assert sharding.logical_spec(("batch", "mlp"), (6, 12), sizes, rules) == P("data", "model")
+  custom = (("batch", ("data", "model")), ("batch", "data"), ("mlp", ("model", "pipe")))
+  assert rules.logical_spec(("batch", "mlp"), (8, 12), sizes, custom) == P(("data", "model"), None)
+  assert rules.logical_spec(("batch", "mlp"), (6, 12), sizes, custom) == P("data", "model")
   # Unsharded names may repeat ([E, E]); the mapping is flax's.
-  assert sharding.logical_spec(("embed", "embed"), (8, 8), sizes) == P(None, None)
-  names, fitted = sharding.fit_rules(("batch", "heads", "head_dim"), (4, 55, 96), sizes, cfg=cfg)
+  assert rules.logical_spec(("embed", "embed"), (8, 8), sizes) == P(None, None)
+  names, fitted = rules.fit_rules(("batch", "heads", "head_dim"), (4, 55, 96), sizes, cfg=cfg)
   assert names == ("batch", None, None) and fitted == (("batch", "data"), ("head_dim", None))
-  assert sharding.shard_shape((4, 8, 12), P("data", None, "model"), sizes) == (2, 8, 3)
+  assert rules.shard_shape((4, 8, 12), P("data", None, "model"), sizes) == (2, 8, 3)
 
 
 def _abstract_states(cfg, batch=4, total=32):
@@ -372,30 +371,30 @@ def test_state_axes_are_the_declared_ones():
   rule of RULES (a misspelt name would silently replicate); a leaf outside any declaration raises, naming it."""
   cfg = model_config("huginn:tiny")
   states, sp = _abstract_states(cfg)
-  known = {name for name, _ in sharding.RULES}
+  known = {name for name, _ in rules.RULES}
   for method, tree in states.items():
-    axes = jax.tree_util.tree_leaves(sharding.tree_axes((tree, sp), "state"), is_leaf=lambda x: isinstance(x, P))
+    axes = jax.tree_util.tree_leaves(rules.tree_axes((tree, sp), "state"), is_leaf=lambda x: isinstance(x, P))
     assert len(axes) == len(jax.tree_util.tree_leaves((tree, sp)))
     names = {n for a in axes for n in a if n is not None}
     assert names <= known, (method, names - known)
   cache, st = states["loopspec"]
-  axes = sharding.tree_axes(st, "state")
+  axes = rules.tree_axes(st, "state")
   assert tuple(axes.cache.core[0][1]) == ("groups", "batch", "kv_heads", "length", "head_dim")
   assert tuple(axes.spec.coda[0][0]) == ("readouts", "batch", "kv_heads", "lanes", "head_dim")
   assert tuple(axes.lanes.anc) == ("batch", "lanes", None) and tuple(axes.iterations) == ()
   assert tuple(axes.stats.live_max) == ("batch",)
-  assert tuple(sharding.tree_axes(sp, "state").base_key) == ("key",)
+  assert tuple(rules.tree_axes(sp, "state").base_key) == ("key",)
   # Nothing is guessed: a plain array (or a dict of them) has no declaration.
   with pytest.raises(ValueError, match=r"no logical axes declared for leaf \[0\]\['done'\]"):
-    sharding.tree_axes(({"done": st.done}, sp), "state")
+    rules.tree_axes(({"done": st.done}, sp), "state")
   with pytest.raises(ValueError, match=r"LaneTable.alive declares logical axes \('batch', 'lanes'\)"):
-    sharding.tree_axes(st.replace(lanes=st.lanes.replace(alive=jax.ShapeDtypeStruct((4,), bool))), "state")
+    rules.tree_axes(st.replace(lanes=st.lanes.replace(alive=jax.ShapeDtypeStruct((4,), bool))), "state")
 
 
 def test_plan_accepts_explicit_meshes_and_rejects_other_axes():
   mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
   p = sharding.plan(mesh)
-  assert all(t == AxisType.Auto for t in p.mesh.axis_types) and p.rules == sharding.RULES
+  assert all(t == AxisType.Auto for t in p.mesh.axis_types) and p.rules == rules.RULES
   assert sharding.plan(p) is p
   with pytest.raises(ValueError, match="named"):
     sharding.plan(jax.make_mesh((1,), ("x",)))
@@ -422,7 +421,7 @@ def test_mesh_configs_build_rules():
   assert tuple(v5e_16.get_config().mesh_shape) == (4, 4)
   assert tuple(cpu8.get_config("8x1").mesh_shape) == (8, 1)
   assert tuple(v5e_8.get_config("1x8").mesh_shape) == (1, 8)
-  assert sharding.rules_from_config(v5e_8.get_config()) == sharding.RULES
+  assert sharding.rules_from_config(v5e_8.get_config()) == rules.RULES
   with pytest.raises(ValueError, match="DATAxMODEL"):
     cpu8.get_config("8,1")
 

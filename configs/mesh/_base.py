@@ -3,7 +3,7 @@
 Every module here exposes `get_config(arg=None)` returning an `ml_collections.ConfigDict` with
   mesh_shape:  (data, model) device counts (data: requests, model: heads / MLP / vocabulary);
   rules:       ((logical axis, mesh axis / axes or None), ...) in order of precedence (flax's logical
-               partitioning rules), built from `loopspec_jax.parallel.sharding.RULES`, the one rules table;
+               partitioning rules), built from `loopspec_jax.parallel.rules.RULES`, the one rules table;
   accelerator: the accelerator the shape is meant for (informational).
 `arg` is a named variant of the shape, "DATAxMODEL" (e.g. `v5e_8:1x8`), as in `resolve("v5e_8:1x8")` or
 `--config=<package>/configs/mesh/v5e_8.py:1x8`; other fields change with `--config.<field>=<value>`. Build the
@@ -16,7 +16,7 @@ import importlib
 
 import ml_collections
 
-from loopspec_jax.parallel import sharding
+from loopspec_jax.parallel import rules
 
 
 def parse_shape(text: str) -> tuple:
@@ -31,7 +31,7 @@ def mesh_config(data: int, model: int, accelerator: str = "", arg=None) -> ml_co
   """The ConfigDict of a (data, model) mesh; `arg` ("DATAxMODEL") replaces the shape."""
   c = ml_collections.ConfigDict()
   c.mesh_shape = parse_shape(arg) if arg else (int(data), int(model))
-  c.rules = tuple((name, axis) for name, axis in sharding.RULES)
+  c.rules = tuple((name, axis) for name, axis in rules.RULES)
   c.accelerator = accelerator
   return c
 

@@ -25,7 +25,6 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import draft
 from loopspec_jax.models import looped as M
-from loopspec_jax.parallel import sharding
 
 DEFAULT_NGRAM = 3
 
@@ -89,15 +88,6 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> draft.SpecState:
   del sp, cfg
   return draft.fresh_state(cache, None, tokens, lengths)
-
-
-# Sharded entry points (parallel/sharding.py): the same argument kinds as chain's.
-sharding.ENTRY_POINTS.setdefault(
-    f"{__name__}.initial_state", sharding.ENTRY_POINTS["loopspec_jax.decoding.chain.initial_state"]
-)
-sharding.ENTRY_POINTS.setdefault(
-    f"{__name__}.decode_loop", sharding.ENTRY_POINTS["loopspec_jax.decoding.chain.decode_loop"]
-)
 
 
 def validate_ngram(ngram) -> int:

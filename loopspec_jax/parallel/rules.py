@@ -1,0 +1,270 @@
+"""Logical axes -> mesh axes: the rules table, the parameter axis table, the fallback pre-pass, flax's mapping.
+
+Every array dimension of the parameters and of the decode state has a *logical* name (batch, heads,
+kv_heads, mlp, embed, vocab, lanes, layers, ...). Decode-state dataclasses declare them on their fields
+(`parallel.logical.axes_field`; read here with `logical.map_with_axes`, nothing is guessed from names or
+ranks); parameters (plain dicts) get theirs from a table by parameter path (`param_axes`). `RULES` maps
+logical names to mesh axes in order of precedence, and flax's logical partitioning
+(`flax.linen.logical_to_mesh_axes` / `logical_to_mesh_sharding`, as MaxText uses it) turns a tuple of
+logical names into a PartitionSpec / NamedSharding: attention heads, KV heads, MLP width and vocabulary over
+`model`; requests (batch) over `data`; everything else replicated; a mesh axis shards at most one dimension
+of an array (the dimension whose rule comes first wins). configs/mesh/ builds its ml_collections configs
+from `RULES`. A `MeshPlan` is a mesh with its rules (`plan` normalises both).
+
+Fallback (`fit_rules`, a pre-pass before flax's mapping, per array): a rule whose mesh axes do not divide its
+dimension is dropped for that array, so the dimension is replicated (or takes a later rule of the same
+name). Fused head dimensions (wq's H*D, wk's KV*D, ...) are checked in whole heads, so a shard never splits
+a head (heads the model axis does not divide are laid out first: `parallel/heads.py`).
+
+Shardings are built at call time from the arrays' (or ShapeDtypeStructs') shapes: a few flax calls per leaf,
+cheap next to a decode call, so nothing here is cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import flax.linen as nn
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+from loopspec_jax.parallel import logical
+
+DATA, MODEL = "data", "model"
+MESH_AXES = (DATA, MODEL)
+
+# logical axis -> mesh axis (None: replicated), in order of precedence (flax's rule semantics). The single
+# source of truth; configs/mesh/ builds from it.
+RULES = (
+    ("batch", DATA),  # requests
+    ("heads", MODEL),  # attention heads (wq / wo / qk_bias / q_norm, in whole heads)
+    ("kv_heads", MODEL),  # KV heads (wk / wv / k_norm, KV caches, speculative KV)
+    ("mlp", MODEL),  # MLP width
+    ("vocab", MODEL),  # embedding rows, LM head columns, lane distributions q1 / q2
+    ("embed", None),  # hidden size
+    ("layers", None),  # stacked layers of a block stack
+    ("groups", None),  # recurrent-step blocks of a core KV buffer (models/kvcache.py)
+    ("readouts", None),  # readout depths of a coda KV buffer
+    ("length", None),  # cache / token positions
+    ("lanes", None),  # LoopSpec lanes per request
+    ("head_dim", None),
+    ("qk", None),  # the q/k pair of Huginn's qk_bias
+    ("key", None),  # the two words of a raw PRNG key
+)
+
+# Parameter axes: a table by path (parameters are plain dicts). Layers of a block stack ('prelude', 'core',
+# 'coda') are stacked on a leading 'layers' axis.
+_LAYER_AXES = {
+    "wq": ("layers", "embed", "heads"),
+    "wk": ("layers", "embed", "kv_heads"),
+    "wv": ("layers", "embed", "kv_heads"),
+    "wo": ("layers", "heads", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+    "qk_bias": ("layers", "qk", "heads", "head_dim"),
+    "q_norm": ("layers", "heads"),
+    "k_norm": ("layers", "kv_heads"),
+}
+_TOP_AXES = {
+    "embed": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "final_norm": ("embed",),
+    "adapter": (None, "embed"),  # [2E, E]: Raven's adapter of concat(state, embedding)
+    "w": ("embed", None),
+    "b": (None,),  # w / b: Ouro's exit gate
+}
+STACKS = ("prelude", "core", "coda")
+# Kinds of parameter trees (all laid out by the table above) -> the static argument holding each one's config:
+# the decoded model's, and the separate drafter's of method='draft' (its own head count, so its own layout).
+PARAM_KINDS = types.MappingProxyType({"params": "cfg", "draft_params": "dcfg"})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules and mesh plans
+# ---------------------------------------------------------------------------------------------------
+def normalize_rules(rules) -> tuple:
+  """Rules (a dict or pairs; None: `RULES`) as a hashable tuple of (logical name, mesh axis / axes / None);
+  "" and "none" spell None, a one-element list a single axis."""
+  if rules is None:
+    return RULES
+  items = rules.items() if isinstance(rules, dict) else rules
+  out = []
+  for name, axis in items:
+    if isinstance(axis, (list, tuple)):
+      axis = tuple(axis) if len(axis) != 1 else axis[0]
+    if axis == "" or axis == "none":
+      axis = None
+    out.append((str(name), axis))
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+  """A mesh (auto-sharded axes named from 'data', 'model') and its logical axis rules; hashable."""
+
+  mesh: Mesh
+  rules: tuple = RULES
+
+  @property
+  def axis_sizes(self) -> dict:
+    return dict(self.mesh.shape)
+
+  @property
+  def data_size(self) -> int:
+    return self.axis_sizes.get(DATA, 1)
+
+
+def plan(mesh, rules=None) -> MeshPlan:
+  """Normalises a jax Mesh (or a MeshPlan) and rules into a MeshPlan with auto-sharded axes."""
+  if isinstance(mesh, MeshPlan):
+    return mesh if rules is None else MeshPlan(mesh.mesh, normalize_rules(rules))
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  bad = [a for a in mesh.axis_names if a not in MESH_AXES]
+  if bad:
+    raise ValueError(f"mesh axes must be named from {MESH_AXES}; got {mesh.axis_names}")
+  if any(t != AxisType.Auto for t in mesh.axis_types):  # jax.make_mesh defaults to Explicit axes
+    mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+  return MeshPlan(mesh, normalize_rules(rules))
+
+
+def rule_size(name: str, axis_sizes: dict, rules) -> int:
+  """Devices the first rule of `name` that names an axis of this mesh spreads it over (1: replicated)."""
+  for rule_name, target in rules:
+    if rule_name == name:
+      targets = [a for a in mesh_axes(target) if a in axis_sizes]
+      if targets:
+        return math.prod(axis_sizes[a] for a in targets)
+  return 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Logical axes -> partition specs (flax's mapping after the fallback pre-pass)
+# ---------------------------------------------------------------------------------------------------
+def _units(name, dim: int, cfg) -> int:
+  """How many indivisible units a dimension holds: whole heads for (fused) head dims, else its size."""
+  if cfg is not None and name == "heads" and dim % cfg.num_heads == 0:
+    return cfg.num_heads
+  if cfg is not None and name == "kv_heads" and dim % cfg.num_kv_heads == 0:
+    return cfg.num_kv_heads
+  return dim
+
+
+def mesh_axes(target) -> tuple:
+  return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+
+
+def fit_rules(axes, shape, axis_sizes: dict, rules=RULES, cfg=None) -> tuple:
+  """The fallback pre-pass: (logical names, rules) of one array for `nn.logical_to_mesh_axes`.
+
+  Keeps the rules of the array's names whose mesh axes (restricted to those of the mesh) divide the
+  dimension, counted in whole heads for head dims; drops the others, so such a dimension is replicated
+  unless a later rule of its name fits. Names left without a sharding rule become None (flax then leaves
+  them unsharded, and an unsharded name may repeat, e.g. an [E, E] matrix).
+  """
+  if len(axes) != len(shape):
+    raise ValueError(f"logical axes {axes} do not match shape {tuple(shape)}")
+  dims = {name: dim for name, dim in zip(axes, shape) if name is not None}
+  kept = []
+  for name, target in rules:
+    if name not in dims:
+      continue
+    targets = tuple(a for a in mesh_axes(target) if a in axis_sizes)
+    if targets and _units(name, dims[name], cfg) % math.prod(axis_sizes[a] for a in targets):
+      continue  # fallback: this rule would split the dimension unevenly (or mid-head)
+    kept.append((name, None if not targets else targets[0] if len(targets) == 1 else targets))
+  sharded = {name for name, target in kept if target is not None}
+  return tuple(n if n in sharded else None for n in axes), tuple(kept)
+
+
+def logical_spec(axes, shape, axis_sizes: dict, rules=RULES, cfg=None) -> P:
+  """PartitionSpec of an array of `shape` with logical `axes`: `fit_rules`, then flax's rule resolution."""
+  names, fitted = fit_rules(axes, shape, axis_sizes, rules, cfg)
+  return nn.logical_to_mesh_axes(names, fitted)
+
+
+def logical_sharding(axes, shape, mesh_plan: MeshPlan, cfg=None) -> NamedSharding:
+  """NamedSharding of an array of `shape` with logical `axes` on the plan's mesh (see `logical_spec`)."""
+  names, fitted = fit_rules(axes, shape, mesh_plan.axis_sizes, mesh_plan.rules, cfg)
+  return nn.logical_to_mesh_sharding(P(*names), mesh_plan.mesh, fitted)
+
+
+def shard_shape(shape, spec: P, axis_sizes: dict) -> tuple:
+  """The per-device shape of an array of `shape` laid out by `spec`."""
+  out = []
+  for i, dim in enumerate(shape):
+    entry = spec[i] if i < len(spec) else None
+    out.append(dim // math.prod(axis_sizes[a] for a in mesh_axes(entry)))
+  return tuple(out)
+
+
+def key_name(k) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def param_axes(path, leaf) -> tuple:
+  """Logical axes of one parameter from its path in the tree of `model.param_shapes`."""
+  del leaf
+  names = [key_name(k) for k in path]
+  last = names[-1]
+  if names[0] in STACKS:
+    if last.startswith("norm_"):
+      return ("layers", "embed")
+    if last in _LAYER_AXES:
+      return _LAYER_AXES[last]
+  elif last in _TOP_AXES:
+    return _TOP_AXES[last]
+  raise KeyError(f"no logical axes for parameter {'/'.join(names)}")
+
+
+def tree_axes(tree, kind):
+  """Logical axes of every leaf of a tree of arrays (or ShapeDtypeStructs), in a tree of the same structure
+  whose leaves are `P(*names)` (logical names, not yet mesh axes). kind: 'params' or another of `PARAM_KINDS`
+  (the table by path), 'state' (the axes its dataclasses declare), or a tuple of logical names (every leaf)."""
+  if isinstance(kind, str) and kind in PARAM_KINDS:
+    return jax.tree_util.tree_map_with_path(lambda path, x: P(*param_axes(path, x)), tree)
+  if kind == "state":
+    return logical.map_with_axes(lambda axes, x: P(*axes), tree)
+  if isinstance(kind, str):
+    raise ValueError(f"unknown tree kind {kind!r} ({', '.join(PARAM_KINDS)}, state, or a tuple of logical axes)")
+  return jax.tree_util.tree_map(lambda x: P(*kind), tree)
+
+
+def _map_axes(fn, tree, kind):
+  """fn(logical axes, leaf) over the leaves of `tree` (axes as `tree_axes` gives them)."""
+  names = tree_axes(tree, kind)
+  return jax.tree_util.tree_map(lambda x, a: fn(tuple(a), x), tree, names)
+
+
+def tree_specs(tree, kind, axis_sizes: dict, rules=RULES, cfg=None):
+  """PartitionSpecs (mesh axes) of a tree of arrays (or ShapeDtypeStructs); kind as in `tree_axes`."""
+  return _map_axes(lambda axes, x: logical_spec(axes, x.shape, axis_sizes, rules, cfg), tree, kind)
+
+
+def tree_shardings(tree, kind, mesh_plan: MeshPlan, cfg=None):
+  """NamedShardings of a tree of arrays (or ShapeDtypeStructs) on the plan's mesh; kind as in `tree_axes`."""
+  return _map_axes(lambda axes, x: logical_sharding(axes, x.shape, mesh_plan, cfg), tree, kind)
+
+
+def param_shardings(params, cfg, mesh, rules=None):
+  return tree_shardings(params, "params", plan(mesh, rules), cfg)
+
+
+def state_shardings(state, cfg, mesh, rules=None):
+  return tree_shardings(state, "state", plan(mesh, rules), cfg)
+
+
+def per_device_bytes(tree, kind, axis_sizes: dict, rules=RULES, cfg=None) -> int:
+  """Bytes one device holds of a tree (arrays or ShapeDtypeStructs) laid out by the rules."""
+  specs = jax.tree_util.tree_leaves(tree_specs(tree, kind, axis_sizes, rules, cfg), is_leaf=lambda x: isinstance(x, P))
+  leaves = jax.tree_util.tree_leaves(tree)
+  return int(
+      sum(math.prod(shard_shape(x.shape, s, axis_sizes)) * np.dtype(x.dtype).itemsize for x, s in zip(leaves, specs))
+  )
