@@ -260,79 +260,10 @@ def parse_number(text):
       raise ValueError(f"expected a number or {NONE!r}, got {text!r}") from None
 
 
-def parse_method(spec: str) -> tuple:
-  """'loopspec:d1=2,d2=8' -> ('loopspec', {'d1': 2, 'd2': 8}); 'd2=none' -> None; 'gate_mass=0.25' -> 0.25;
-  'ar' -> ('ar', {})."""
-  name, _, rest = spec.strip().partition(":")
-  kw = {}
-  for item in filter(None, (x.strip() for x in rest.split(","))):
-    k, sep, v = item.partition("=")
-    if not sep:
-      raise ValueError(f"method argument {item!r} of {spec!r} is not of the form name=value")
-    kw[k.strip()] = parse_number(v)
-  return name.strip(), kw
-
-
-def method_label(name: str, kw: dict) -> str:
-  """('loopspec', {'d1': 2}) -> 'loopspec(d1=2)'; 'ar' stays 'ar'."""
-  if not kw:
-    return name
-  return name + "(" + ",".join(f"{k}={v}" for k, v in kw.items()) + ")"
-
-
 def total(counts: list) -> dict:
   """Every figure of a list of runs of one method: their `DecodeStats` added, then `summary()` (the method's
   own class derives its figures from the summed raw counts)."""
   return DecodeStats.total(list(counts)).summary()
-
-
-def aggregate(stats: List[dict], r: int) -> dict:
-  """Sums the per-prompt `DecodeStats.as_dict()` of one method and recomputes the ratios from the sums.
-
-  gamma (mean_accepted_length) comes from the library's cost identity (`theory.gamma_from_counts` for LoopSpec,
-  `theory.chain_accepted_length` for chain), on one scale: R * tokens / sequential recurrent steps.
-  """
-  tot = lambda k: sum(s.get(k, 0) for s in stats)
-  n = tot("tokens_generated")
-  c = {k: sum(s["commits"][k] for s in stats) for k in ("first", "second", "restart")}
-  method = stats[0]["method"]
-  evals = tot("gate_evals")
-  if method == "loopspec" and n:
-    d1, d2 = stats[0]["d1"], stats[0]["d2"]
-    gamma = theory.gamma_from_counts(r, d1, d2, n, c["second"] + c["restart"], c["restart"])
-  elif method == "chain" and n:
-    gamma = theory.chain_accepted_length(r, stats[0]["d1"], stats[0]["gamma"], n, tot("rounds"))
-  else:
-    gamma = 1.0 if method == "ar" else 0.0
-  out = {
-      "tokens": n,
-      "decode_seconds": tot("decode_seconds"),
-      "prefill_seconds": tot("prefill_seconds"),
-      "ticks": tot("ticks"),
-      "core_step_calls": tot("core_step_calls"),
-      "commits": c,
-      "mean_accepted_length": gamma,
-      "gate_open_rate": sum(s.get("gate_open_rate", 0.0) * s.get("gate_evals", 0) for s in stats) / evals
-      if evals
-      else 0.0,
-      "skipped_spawns": tot("skipped_spawns"),
-  }
-  out["core_step_calls_per_token"] = out["core_step_calls"] / max(n, 1)
-  out["tokens_per_second"] = n / max(out["decode_seconds"], 1e-9)
-  out["tokens_per_tick"] = n / max(out["ticks"], 1)
-  if method == "loopspec":
-    out.update(
-        reject_first=tot("reject_first"),
-        request_ticks=tot("request_ticks"),
-        max_live_lanes=max(s.get("max_live_lanes", 0) for s in stats),
-    )
-  if method == "chain":
-    out.update(
-        rounds=tot("rounds"),
-        tokens_per_round=n / max(tot("rounds"), 1),
-        acceptance_rate=c["first"] / max(tot("rounds") * stats[0]["gamma"], 1),
-    )
-  return out
 
 
 def release_compiled():
@@ -347,7 +278,7 @@ def release_compiled():
 def time_line(label: str, agg: dict, ar: Optional[dict] = None) -> str:
   """Where the time goes, from summed stats: 'loopspec: 81 ticks, 0.79 tokens/tick, 1.9 ms/tick (AR: 3.1 ms/token)'.
 
-  `agg` and `ar` hold ticks, tokens and decode_seconds (as `aggregate` returns them).
+  `agg` and `ar` hold ticks, tokens and decode_seconds (as `total` returns them).
   """
   ticks = max(agg["ticks"], 1)
   text = (

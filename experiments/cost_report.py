@@ -26,6 +26,7 @@ from loopspec_jax.checkpoint import native
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.configs import accelerators as accel_configs
 from loopspec_jax.configs.models import model_config
+from loopspec_jax import methods as methods_lib
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import cost_calibration
 from loopspec_jax.experiments import cost_sensitivity
@@ -58,13 +59,14 @@ def method_kwargs(name: str, kw: dict) -> dict:
   return kw
 
 
-def measure(cfg: ModelConfig, name: str, kw: dict, c) -> dict:
-  """Compiles and analyses one method; returns its row (without projections)."""
+def measure(cfg: ModelConfig, method, c) -> dict:
+  """Compiles and analyses one method (a `Method`); returns its row (without projections)."""
+  name, kw = method.name, method.args
   compiled = cost.compile_decode_loop(cfg, name, batch=c.batch, greedy=c.greedy, **method_kwargs(name, kw))
   t0 = time.perf_counter()
   step = cost.loop_cost(compiled, branch=c.branch)
   row = {
-      "method": common.method_label(name, kw),
+      "method": method.label,
       "name": name,
       "kw": kw,
       "compile_seconds": compiled.compile_seconds,
@@ -85,16 +87,15 @@ def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
   cfg = resolve_model(settings.spec, c.dtype, context)
   rows = []
   for spec in settings.methods:
-    name, kw = common.parse_method(spec)
+    method = methods_lib.parse(spec)
+    name, kw = method.name, method.args
     try:
-      row, step = measure(cfg, name, kw, c)
+      row, step = measure(cfg, method, c)
     except Exception as e:  # pylint: disable=broad-except
       if not rows:
         raise
       logging.error("%s %s failed to compile or analyse: %r", label, spec, e)
-      rows.append(
-          {"model": label, "context": context, "method": common.method_label(name, kw), "name": name, "error": repr(e)}
-      )
+      rows.append({"model": label, "context": context, "method": method.label, "name": name, "error": repr(e)})
       continue
     per_iter = cost.tokens_per_iteration(name, cfg, settings.gamma, kw)
     row.update(

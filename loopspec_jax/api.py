@@ -85,13 +85,6 @@ _forward_depths = jax.jit(
 )
 
 
-def _make_decoder(method, cfg, greedy: bool, random_init: bool, method_args: dict) -> common.Decoder:
-  """The Decoder of `method` (a name, spec or `Method`) with `method_args`, validated against `cfg`."""
-  m = methods.build(method, **method_args)
-  m.validate(cfg)
-  return m.make_decoder(cfg, greedy=greedy, random_init=random_init)
-
-
 def generate(
     model: LoopedModel,
     prompts,
@@ -156,6 +149,10 @@ def generate(
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
+  if mesh is not None and not all(
+      sharding.entry_name(f) in sharding.ENTRY_POINTS for f in (decoder.init, decoder.loop)
+  ):
+    raise ValueError(f"method {spec.name!r} does not run on a mesh yet (no sharded entry points); use mesh=None")
   n_real = len(prompts)
   if mesh is not None:
     mesh = sharding.plan(mesh, sharding_rules)

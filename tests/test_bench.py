@@ -12,6 +12,7 @@ from absl import logging
 from absl.testing import absltest
 
 import loopspec_jax
+from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import theory
 from loopspec_jax.configs import models as model_configs
@@ -59,12 +60,10 @@ class BenchTest(chex.TestCase):
     line = common.time_line("loopspec", ls, res["ar"])
     self.assertRegex(line, r"^loopspec: \d+ ticks, [\d.]+ tokens/tick, [\d.]+ ms/tick \(AR: [\d.]+ ms/token\)$")
 
-  def test_parse_method_and_none(self):
-    self.assertEqual(common.parse_method("loopspec:d1=2,d2=8"), ("loopspec", {"d1": 2, "d2": 8}))
-    self.assertEqual(common.parse_method("loopspec:d1=2,d2=none"), ("loopspec", {"d1": 2, "d2": None}))
-    self.assertEqual(common.parse_method("ar"), ("ar", {}))
-    with self.assertRaisesRegex(ValueError, "none"):
-      common.parse_method("loopspec:d1=2,d2=None")  # one spelling
+  def test_method_specs_and_none(self):
+    self.assertEqual(methods.parse("loopspec:d1=2,d2=8"), methods.LoopSpec(d1=2, d2=8))
+    self.assertEqual(methods.parse("loopspec:d1=2,d2=none"), methods.LoopSpec(d1=2))
+    self.assertEqual(methods.parse("ar"), methods.AR())
     self.assertEqual(common.parse_optional_int("none"), None)
     self.assertEqual(common.parse_optional_int(" 4 "), 4)
 

@@ -36,7 +36,6 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
-from loopspec_jax.parallel import sharding
 
 DEFAULTS = {"window": 5, "ngram": 4, "guesses": 5}
 POOL_PER_WINDOW = 16  # ring-buffer slots per window column
@@ -165,10 +164,6 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig, window: int, ngram: int) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths, initial_extra(tokens, lengths, window, ngram))
-
-
-for _name in ("initial_state", "decode_loop"):
-  sharding.ENTRY_POINTS.setdefault(f"{__name__}.{_name}", sharding.ENTRY_POINTS[f"loopspec_jax.decoding.chain.{_name}"])
 
 
 def resolve(cfg: ModelConfig, window, ngram, guesses) -> dict:

@@ -38,7 +38,6 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
-from loopspec_jax.parallel import sharding
 
 DEFAULTS = {"d1": 2, "gamma": 6, "branch": 4, "tree_nodes": 32}
 
@@ -207,11 +206,6 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths)
-
-
-# Sharded entry points (parallel/sharding.py): the same argument kinds as chain's.
-for _name in ("initial_state", "decode_loop"):
-  sharding.ENTRY_POINTS.setdefault(f"{__name__}.{_name}", sharding.ENTRY_POINTS[f"loopspec_jax.decoding.chain.{_name}"])
 
 
 def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int):
