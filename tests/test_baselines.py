@@ -131,6 +131,43 @@ def test_ngram_drafts():
   assert np.asarray(drafts)[1].tolist() == [4, 3, 4, 3]
 
 
+def test_ngram_drafts_longest_suffix_beats_a_later_shorter_match():
+  """The latest 1-token (and 2-token) match lies after the longest suffix's match and continues differently:
+  the longest suffix must win (a shorter suffix overriding it gives another continuation)."""
+  toks = np.zeros((2, 16), np.int32)
+  # ngram 3: suffix (8, 1, 2) has no earlier match; (1, 2) matches at 0 -> continuation 7, 3, 2, 8; the
+  # 1-token suffix (2) matches later, at 4 -> it would continue 8, 1, 2, 8.
+  toks[0, :8] = [1, 2, 7, 3, 2, 8, 1, 2]
+  # ngram 3: (4, 1, 2) matches at 0 -> 6, 3, 1, 2; (1, 2) and (2) match later, at 5 / 6 -> 9, 4, 1, 2.
+  toks[1, :11] = [4, 1, 2, 6, 3, 1, 2, 9, 4, 1, 2]
+  drafts, found = lookup.ngram_drafts(toks, np.array([8, 11]), ngram=3, gamma=4)
+  assert np.asarray(found).tolist() == [True, True]
+  assert np.asarray(drafts).tolist() == [[7, 3, 2, 8], [6, 3, 1, 2]]
+  # The same rows at ngram 1: the latest 1-token match wins.
+  drafts, _ = lookup.ngram_drafts(toks, np.array([8, 11]), ngram=1, gamma=4)
+  assert np.asarray(drafts).tolist() == [[8, 1, 2, 8], [9, 4, 1, 2]]
+
+
+def test_draft_model_equal_to_the_target_has_every_greedy_draft_accepted():
+  """A drafter that is an exact copy of the target (same weights and depth, a separate model object) drafts the
+  target's argmax: every round commits gamma + 1 tokens but the last, which the budget cuts. Exact counts per
+  request, so a drafter cache that goes stale (e.g. the re-run of position p0 - 1 after a fully accepted round
+  not attending to itself) shows as a rejected draft even though the output stays exact."""
+  target = tiny_model(DEFAULT_FAMILY, FAMILIES[DEFAULT_FAMILY])
+  copy = dataclasses.replace(target, source="copy")
+  gamma, n_new = 3, 14  # 14 = 3 * (gamma + 1) + 2: three full rounds, then a truncated one
+  want = helpers.ar_tokens(target, PROMPTS, n_new)
+  got = gen(target, PROMPTS, method="draft", draft_model=copy, gamma=gamma, max_new=n_new)
+  assert got.tokens == want
+  rounds = -(-n_new // (gamma + 1))
+  pr = got.counts.per_request
+  assert pr["tokens"] == [n_new] * len(PROMPTS)
+  assert pr["rounds"] == [rounds] * len(PROMPTS), pr
+  assert pr["accepted"] == [n_new - rounds] * len(PROMPTS), pr
+  assert pr["drafted"] == pr["examined"] == pr["accepted"], pr
+  assert got.stats["acceptance_rate"] == 1.0
+
+
 # ---------------------------------------------------------------------------------------------------
 # gamma="auto"
 # ---------------------------------------------------------------------------------------------------
