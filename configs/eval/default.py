@@ -41,7 +41,9 @@ def get_config(arg=None):
   c.out_dir = "results/eval"
   c.stop_after = config_dict.placeholder(int)  # raise after this many new rows (a killed run, for tests)
   c.progress = True
-  if arg == "bundled":  # the docs/evaluation.md table: the bundled Huginn-style model, four offline tasks, three methods
+  if (
+      arg == "bundled"
+  ):  # the docs/evaluation.md table: the bundled Huginn-style model, four offline tasks, three methods
     c.tasks = "loopspec_gsm8k_cot,loopspec_minerva_math500,loopspec_humaneval,loopspec_mbpp"
     c.methods = "ar;chain:d1=2,gamma=8;loopspec:d1=2,d2=8"
     c.limit = 10
