@@ -85,6 +85,12 @@ _forward_depths = jax.jit(
 )
 
 
+def _check_shardable(spec, decoder) -> None:
+  """A method runs on a mesh only through declared sharded entry points (parallel/sharding.py)."""
+  if not all(sharding.entry_name(f) in sharding.ENTRY_POINTS for f in (decoder.init, decoder.loop)):
+    raise ValueError(f"method {spec.name!r} does not run on a mesh yet (no sharded entry points); use mesh=None")
+
+
 def generate(
     model: LoopedModel,
     prompts,
@@ -135,26 +141,16 @@ def generate(
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
   greedy = float(temperature) == 0.0
   random_init = init_state == "random"
-  method_args = {
-      "d1": d1,
-      "d2": d2,
-      "gamma": gamma,
-      "lane_capacity": lane_capacity,
-      "gate_mass": gate_mass,
-      "draft_model": draft_model,
-      "ngram": ngram,
-  }
+  method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
+  method_args.update(draft_model=draft_model, ngram=ngram)
   spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy)  # 'auto'
   spec = methods.build_checked(spec, model)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
-  if mesh is not None and not all(
-      sharding.entry_name(f) in sharding.ENTRY_POINTS for f in (decoder.init, decoder.loop)
-  ):
-    raise ValueError(f"method {spec.name!r} does not run on a mesh yet (no sharded entry points); use mesh=None")
   n_real = len(prompts)
   if mesh is not None:
+    _check_shardable(spec, decoder)
     mesh = sharding.plan(mesh, sharding_rules)
     prompts, request_ids, _ = sharding.pad_requests(prompts, request_ids, mesh)
   lengths = [len(p) for p in prompts]

@@ -27,6 +27,7 @@ from loopspec_jax.experiments import sweep
 
 class BenchTest(chex.TestCase):
 
+  @pytest.mark.slow  # ~30 s of compiles; the bench's parts have their own fast tests
   def test_benchmark_tiny_model_side_by_side(self):
     model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]

@@ -27,9 +27,9 @@ N_NEW = 20  # with PROMPTS: the (16, 32) length bucket
 # d2 >= R/2 (or d1 > 1) keep second-proposal branches from nesting, so a bounded capacity skips no spawn.
 LOOPSPEC = [
     ("huginn:tiny", 2, 4),
-    ("huginn:tiny", 2, None),
 ]
 LOOPSPEC_SLOW = [
+    ("huginn:tiny", 2, None),
     ("ouro:tiny", 1, 2),
     ("ouro:tiny", 2, None),
     ("raven_llama:tiny", 2, 6),

@@ -174,6 +174,7 @@ def report():
   return helpers.run_workers(__file__, ["main"], XLA_FLAGS, WORKER_TIMEOUT_S)["main"]
 
 
+@pytest.mark.slow  # one 8-device worker run (~55 s) shared by the three
 def test_sharded_greedy_tokens_identical(report):
   toks = report["tokens"]
   ref = toks["None|ar"]
@@ -182,6 +183,7 @@ def test_sharded_greedy_tokens_identical(report):
     assert got == ref, key
 
 
+@pytest.mark.slow  # one 8-device worker run (~55 s) shared by the three
 def test_kv_cache_sharded_over_model(report):
   for key, spec in report["cache"].items():
     assert spec[1:3] == ["data", "model"], (key, spec)  # [G, B, KV, T, D]: requests / KV heads
@@ -191,6 +193,7 @@ def test_kv_cache_sharded_over_model(report):
   assert traces == compiles == configs  # every sharded configuration traced and compiled once
 
 
+@pytest.mark.slow  # one 8-device worker run (~55 s) shared by the three
 def test_compiled_hlo_holds_one_head_per_device(report):
   g, b, kv, t, d = report["cache_global"]
   assert kv == 8  # 3 heads padded to 8

@@ -160,6 +160,7 @@ def test_bench_gpu_dry_run_uses_the_package_module():
   assert "-m loopspec_jax.experiments.cost_report --config=cost/calibrate.py" in out.stdout  # the device's check
 
 
+@pytest.mark.slow  # ~40 s: four processes, each compiling; --dry-run is checked by the default suite
 def test_bench_gpu_cpu_rehearsal_runs_every_step_at_tiny_sizes(tmp_path):
   """`--cpu`: the accelerator script's own steps on this CPU (no install), so it works the day a GPU is lent."""
   out = subprocess.run(

@@ -11,7 +11,14 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
 
 
 @pytest.mark.parametrize(
-    "method", [lj.AR(), lj.Chain(d1=1, gamma=3), lj.LoopSpec(d1=1, d2=2), lj.Lookup(ngram=2, gamma=3)], ids=str
+    "method",
+    [
+        lj.AR(),
+        pytest.param(lj.Chain(d1=1, gamma=3), marks=pytest.mark.slow),
+        lj.LoopSpec(d1=1, d2=2),
+        lj.Lookup(ngram=2, gamma=3),
+    ],
+    ids=str,
 )
 def test_runs_add_to_the_batched_run(method):
   model = helpers.tiny_model("huginn:tiny", contraction=0.7)
