@@ -38,7 +38,6 @@ from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax import api
 from loopspec_jax import configs
 from loopspec_jax.analysis import depth_metrics
-from loopspec_jax.analysis import theory
 from loopspec_jax.configs import models as model_configs
 
 NONE = "none"  # the one spelling of "no value" on the command line and in spec strings

@@ -6,7 +6,6 @@ hands it to the one host driver, `decoding.common.run_decoder`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Optional
 

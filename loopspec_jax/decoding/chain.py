@@ -19,7 +19,6 @@ from typing import NamedTuple, Optional, Union
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding import adaptive
