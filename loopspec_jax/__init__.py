@@ -3,6 +3,8 @@
 from loopspec_jax.api import (GenerateResult, LoopedModel, bundled_models, from_config, generate, load, readouts, save)
 from loopspec_jax.checkpoint.hf import CheckpointError
 from loopspec_jax.config import ModelConfig
+from loopspec_jax.heads.artefact import Heads, bundled_heads
+from loopspec_jax.heads.artefact import load as load_heads
 from loopspec_jax import methods as _methods
 from loopspec_jax.methods import Method
 
@@ -13,14 +15,17 @@ globals().update(_METHOD_CLASSES)
 
 __all__ = sorted(_METHOD_CLASSES) + [
     "Method",
+    "Heads",
     "GenerateResult",
     "LoopedModel",
     "ModelConfig",
     "CheckpointError",
+    "bundled_heads",
     "bundled_models",
     "from_config",
     "generate",
     "load",
+    "load_heads",
     "readouts",
     "save",
 ]

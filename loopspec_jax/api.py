@@ -113,6 +113,7 @@ def generate(
     sharding_rules=None,
     draft_model: Optional[LoopedModel] = None,
     ngram: Optional[int] = None,
+    **method_kwargs,
 ) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with `method`: a `Method` object (`lj.LoopSpec(d1=2, d2=8)`), or a
   name or spec string whose arguments come as keywords or in the spec ('ar', 'chain' (d1, gamma), 'loopspec'
@@ -129,6 +130,8 @@ def generate(
   on a mesh its parameters and cache are sharded by the same rules as the target's.
   `gate_mass` (loopspec with d2, sampled): the second proposal's gate also needs this much residual mass
   sum(max(0, p_d2 - q1)); None or 0 is the paper's gate. Any value keeps decoding lossless.
+  `**method_kwargs`: any other argument of the chosen method (its dataclass fields, e.g. `branch=4,
+  tree_nodes=32` for 'tree'); one the method does not take is a ValueError naming it.
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:
@@ -141,7 +144,7 @@ def generate(
   greedy = float(temperature) == 0.0
   random_init = init_state == "random"
   method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
-  method_args.update(draft_model=draft_model, ngram=ngram)
+  method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
   spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy)  # 'auto'
   spec = methods.build_checked(spec, model)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
