@@ -116,7 +116,8 @@ def generate(
     **method_kwargs,
 ) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with `method`: a `Method` object (`lj.LoopSpec(d1=2, d2=8)`), or a
-  name or spec string whose arguments come as keywords or in the spec ('ar', 'chain' (d1, gamma), 'loopspec'
+  name or spec string whose arguments come as keywords or in the spec ('ar', 'chain' (d1, gamma; branch > 1
+  and tree_nodes: tree self-speculation, as 'tree'), 'loopspec'
   (d1, d2, lane_capacity, gate_mass), 'draft' (draft_model, gamma), 'lookup' (ngram, gamma); see
   `loopspec_jax.methods`). A keyword the method does not take is a ValueError.
 

@@ -28,6 +28,7 @@ from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
+from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.parallel.logical import axes_field
 
@@ -297,17 +298,45 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma
 
 @dataclasses.dataclass(frozen=True)
 class Chain(Method):
-  """Chain self-speculation: `gamma` drafts (an integer, or 'auto') from the depth-`d1` readout, verified at R."""
+  """Chain self-speculation: `gamma` drafts (an integer, or 'auto') from the depth-`d1` readout, verified at R.
+
+  `branch` > 1 (with `tree_nodes`) drafts a token tree instead: tree self-speculation (`TreeSelf`,
+  method='tree' with the same arguments; its stats are the tree's). `branch=1` (the default) is the chain."""
 
   name = "chain"
   positional = ("d1", "gamma")
   d1: Optional[int] = None
   gamma: Union[int, str, None] = None
+  branch: Optional[int] = None
+  tree_nodes: Optional[int] = None
+
+  def as_tree(self):
+    """The `TreeSelf` this chain delegates to (branch > 1), or None (a chain)."""
+    if self.branch is not None and (isinstance(self.branch, bool) or not isinstance(self.branch, int)):
+      raise ValueError(f"method='chain' needs an integer branch >= 1, got {self.branch!r}")
+    if self.branch is None or self.branch == 1:
+      if self.tree_nodes is not None and self.tree_nodes != self.gamma:
+        raise ValueError(
+            f"method='chain' with branch=1 drafts gamma={self.gamma!r} nodes; tree_nodes={self.tree_nodes!r} "
+            "needs branch > 1 (a tree)"
+        )
+      return None
+    if self.branch < 1:
+      raise ValueError(f"method='chain' needs an integer branch >= 1, got {self.branch!r}")
+    if self.gamma == "auto":
+      raise ValueError("method='chain' with branch > 1 (a tree) needs an integer gamma, not 'auto'")
+    return self_spec.TreeSelf(d1=self.d1, gamma=self.gamma, branch=self.branch, tree_nodes=self.tree_nodes)
 
   def validate(self, cfg: ModelConfig) -> None:
+    tree = self.as_tree()
+    if tree is not None:
+      return tree.validate(cfg)
     validate(cfg, self.d1, self.gamma)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    tree = self.as_tree()
+    if tree is not None:
+      return tree.make_decoder(cfg, greedy=greedy, random_init=random_init)
     return make_decoder(cfg, greedy=greedy, random_init=random_init, d1=self.d1, gamma=self.gamma)
 
   @classmethod
