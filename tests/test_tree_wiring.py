@@ -6,6 +6,8 @@ The tree configuration is the one tests/test_tree.py runs on huginn:tiny (its co
 jax's cache when both files run).
 """
 
+import dataclasses
+
 import pytest
 
 import helpers
@@ -80,3 +82,37 @@ def test_bad_chain_trees_rejected_before_compiling(method, match):
   model = tiny_model("raven_llama:tiny")  # R = 8, V = 64
   args = dict(prompts=[[1, 2, 3]], max_new_tokens=MAX_NEW, method=method)
   helpers.assert_rejected_before_compiling(model, args, match, NEVER)
+
+
+@pytest.mark.parametrize(
+    "method,match",
+    [
+        ("tree:gamma=4,branch=2,tree_nodes=3", r"tree_nodes >= gamma=4 .*got 3"),
+        ("chain:d1=1,gamma=4,branch=3,tree_nodes=2", r"tree_nodes >= gamma=4 .*got 2"),
+        ("tree:d1=1,gamma=0,branch=2", r"tree depth 1 <= gamma <= 32, got 0"),
+        ("lookahead:window=33", r"1 <= window <= 32, got 33"),
+        ("lookahead:ngram=17", r"2 <= ngram <= 16, got 17"),
+        ("lookahead:guesses=65", r"1 <= guesses <= 64, got 65"),
+    ],
+)
+def test_bad_envelopes_rejected_before_compiling(method, match):
+  model = tiny_model("raven_llama:tiny")
+  args = dict(prompts=[[1, 2, 3]], max_new_tokens=MAX_NEW, method=method)
+  helpers.assert_rejected_before_compiling(model, args, match, NEVER)
+
+
+@pytest.mark.parametrize(
+    "method,match",
+    [
+        ("lookahead:window=20", r"up to 20 positions ahead, too deep for the model's context of 12"),
+        ("lookahead:window=2,ngram=14", r"up to 13 positions ahead, too deep for the model's context of 12"),
+        ("tree:d1=1,gamma=12,branch=1,tree_nodes=12", r"tree depth 1 <= gamma <= 11, got 12"),
+        ("chain:d1=1,gamma=12,branch=2", r"tree depth 1 <= gamma <= 11, got 12"),
+    ],
+)
+def test_trees_too_deep_for_the_context_rejected_before_compiling(method, match):
+  """A 12-position context: a tree (or lookahead window) 12 or more positions deep is refused by generate."""
+  model = tiny_model("huginn:tiny")
+  small = dataclasses.replace(model, config=model.config.replace(max_len=12))
+  args = dict(prompts=[[1, 2, 3]], max_new_tokens=4, method=method)
+  helpers.assert_rejected_before_compiling(small, args, match, NEVER)

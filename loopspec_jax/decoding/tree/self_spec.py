@@ -260,6 +260,11 @@ def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes) -> dict:
         f"method='tree' needs 1 <= tree_nodes <= {min(most, 512)} (branch={env['branch']}, gamma={env['gamma']} "
         f"draft {most} candidates), got {env['tree_nodes']}"
     )
+  if env["tree_nodes"] < env["gamma"]:
+    raise ValueError(
+        f"method='tree' needs tree_nodes >= gamma={env['gamma']} (the tree holds the top-1 path, gamma nodes "
+        f"deep), got {env['tree_nodes']}"
+    )
   return env
 
 
