@@ -171,12 +171,3 @@ def test_random_initial_state_matches_ar():
   got = run(name, FAMILIES[name]["contraction"], spec(*FAMILIES[name]["tree"]), **kw)
   assert got.tokens == want.tokens, got.stats
 
-
-def test_tree_methods_on_a_mesh_are_refused_before_compiling():
-  """Tree decoders have no sharded entry points yet: a mesh is a clear error, not a failure mid-run."""
-  from loopspec_jax.parallel import sharding
-
-  model = helpers.tiny_model("huginn:tiny")
-  for method in ("tree", "lookahead"):
-    with pytest.raises(ValueError, match="does not run on a mesh"):
-      loopspec_jax.generate(model, [[1, 2, 3]], max_new_tokens=4, method=method, mesh=sharding.make_mesh((1, 1)))

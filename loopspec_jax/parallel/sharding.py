@@ -186,6 +186,11 @@ ENTRY_POINTS = types.MappingProxyType(
         f"{_DECODING}.draft.decode_loop": _DRAFT_LOOP,
         f"{_DECODING}.lookup.initial_state": _INIT,  # lookup: the same argument kinds as chain's
         f"{_DECODING}.lookup.decode_loop": _LOOP,
+        # The tree decoders (tree/verify.py's TreeState, a drafter's own state in its `extra`): chain's kinds.
+        f"{_DECODING}.tree.self_spec.initial_state": _INIT,
+        f"{_DECODING}.tree.self_spec.decode_loop": _LOOP,
+        f"{_DECODING}.tree.lookahead.initial_state": _INIT,
+        f"{_DECODING}.tree.lookahead.decode_loop": _LOOP,
     }
 )
 _N_STATIC = 4  # run_sharded's static arguments: (fn, static keyword items, parameter layouts, mesh plan)

@@ -36,6 +36,7 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"window": 5, "ngram": 4, "guesses": 5}
 POOL_PER_WINDOW = 16  # ring-buffer slots per window column
@@ -46,9 +47,9 @@ class LookaheadState:
   """Per request: the window [B, W] of guesses for positions p0 + 1 .. p0 + W; the n-gram ring buffer
   [B, P, N] (-1: empty) and how many n-grams were ever added [B] (n-gram number q lives in slot q % P)."""
 
-  window: jax.Array
-  pool: jax.Array
-  added: jax.Array
+  window: jax.Array = axes_field("batch", None)
+  pool: jax.Array = axes_field("batch", None, None)
+  added: jax.Array = axes_field("batch")
 
 
 def prompt_pool(tokens, lengths, n: int, slots: int):
