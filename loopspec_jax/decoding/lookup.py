@@ -8,6 +8,8 @@ them like any drafts (`draft.verify_round`: one full-depth pass over gamma + 1 p
 draft is accepted with probability p(x) and a rejection draws from p without x, renormalised, which is exact.
 A request without any match offers no draft (its round commits one token from p). `gamma="auto"` is
 accepted for uniformity and picks the compiled maximum, since drafts cost nothing (`decoding/adaptive.py`).
+`candidates=C > 1` drafts the continuations of the C best distinct matches and verifies them as one token
+tree (`tree/lookup_tree.py`); `candidates=1` (the default) is this chain path.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import draft
+from loopspec_jax.decoding.tree import lookup_tree
+from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import looped as M
 
 DEFAULT_NGRAM = 3
@@ -124,21 +128,33 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram, ga
 
 @dataclasses.dataclass(frozen=True)
 class Lookup(Method):
-  """Prompt lookup: the continuation of the latest earlier match of the last `ngram` tokens, `gamma` drafts."""
+  """Prompt lookup: the continuation of the latest earlier match of the last `ngram` tokens, `gamma` drafts;
+  with `candidates` > 1 the continuations of that many distinct matches, verified as one tree."""
 
   name = "lookup"
-  positional = ("ngram", "gamma")
+  positional = ("ngram", "gamma", "candidates")
   separate_drafter = True
   ngram: Optional[int] = None
   gamma: Union[int, str, None] = None
+  candidates: Optional[int] = None
 
   def validate(self, cfg: ModelConfig) -> None:
     validate_ngram(self.ngram)
     adaptive.parse_gamma("lookup", self.gamma)
+    lookup_tree.validate_candidates(self.candidates)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    c = lookup_tree.validate_candidates(self.candidates)
+    if c > 1:
+      return lookup_tree.make_decoder(
+          cfg, greedy=greedy, random_init=random_init, ngram=validate_ngram(self.ngram), gamma=self.gamma, candidates=c
+      )
     return make_decoder(cfg, greedy=greedy, random_init=random_init, ngram=self.ngram, gamma=self.gamma)
 
   @classmethod
   def derived(cls, stats) -> dict:
+    if stats.settings.get("candidates", 1) > 1:
+      out = tv.tree_figures(stats)
+      out["tokens_per_r_steps"] = out["tau"]
+      return out
     return draft.draft_figures(stats)
