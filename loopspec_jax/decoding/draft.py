@@ -42,6 +42,8 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
+from loopspec_jax.decoding.tree import draft_tree
+from loopspec_jax.decoding.tree import verify as tree_verify
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.models.model import LoopedModel
@@ -400,7 +402,9 @@ def _load_drafter(spec: str) -> LoopedModel:
 
 @dataclasses.dataclass(frozen=True)
 class Draft(Method):
-  """Draft-model speculation: a separate small `draft_model` (same tokenizer) drafts `gamma` tokens."""
+  """Draft-model speculation: a separate small `draft_model` (same tokenizer) drafts `gamma` tokens; with
+  `branch` / `tree_nodes` it drafts a static token tree instead (`tree/draft_tree.py`; `drafts`: "sample"
+  (the default when sampling: children drawn from q, multi-step verification) or "topk")."""
 
   name = "draft"
   positional = ("draft_model", "gamma")
@@ -408,33 +412,57 @@ class Draft(Method):
   # a LoopedModel, or a bundled model's name / a checkpoint directory (loaded once per process)
   draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
   gamma: Union[int, str, None] = None
+  branch: Optional[int] = None
+  tree_nodes: Optional[int] = None
+  drafts: Optional[str] = None
 
   def __post_init__(self):
     if isinstance(self.draft_model, str):
       object.__setattr__(self, "draft_model", _load_drafter(self.draft_model))
 
   @property
+  def is_tree(self) -> bool:
+    return self.branch is not None or self.tree_nodes is not None
+
+  @property
   def label(self) -> str:
     """'draft(gamma=4)': the drafter is named by the table around it (its `source` is in the stats)."""
-    return "draft" + (f"(gamma={self.gamma})" if self.gamma is not None else "")
+    args = {k: v for k, v in self.args.items() if k != "draft_model"}
+    return "draft" + ("(" + ",".join(f"{k}={v}" for k, v in args.items()) + ")" if args else "")
 
   @property
   def spec(self) -> str:
     src = getattr(self.draft_model, "source", None)
-    args = ([f"draft_model={src}"] if src else []) + ([f"gamma={self.gamma}"] if self.gamma is not None else [])
+    args = ([f"draft_model={src}"] if src else []) + [f"{k}={v}" for k, v in self.args.items() if k != "draft_model"]
     return "draft" + (":" + ",".join(args) if args else "")
+
+  def tree_envelope(self, cfg: ModelConfig) -> dict:
+    if self.gamma == "auto":
+      raise ValueError("method='draft' with a tree (branch / tree_nodes) needs an integer gamma, not 'auto'")
+    return draft_tree.resolve(cfg, self.gamma, self.branch, self.tree_nodes, self.drafts)
 
   def validate(self, cfg: ModelConfig) -> None:
     if self.draft_model is None:
       raise ValueError("method='draft' needs draft_model=<a LoopedModel with the target's tokenizer>")
-    adaptive.parse_gamma("draft", self.gamma)
+    if self.is_tree:
+      self.tree_envelope(cfg)
+    elif self.drafts is not None:
+      raise ValueError("method='draft' takes drafts= only with a tree (branch= / tree_nodes=)")
+    else:
+      adaptive.parse_gamma("draft", self.gamma)
 
   def check_target(self, model) -> None:
     check_compatible(model, self.draft_model)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    if self.is_tree:
+      return draft_tree.make_decoder(
+          cfg, greedy=greedy, random_init=random_init, draft_model=self.draft_model, **self.tree_envelope(cfg)
+      )
     return make_decoder(cfg, greedy=greedy, random_init=random_init, draft_model=self.draft_model, gamma=self.gamma)
 
   @classmethod
   def derived(cls, stats) -> dict:
+    if "tree_nodes" in stats.settings:
+      return tree_verify.tree_figures(stats)
     return draft_figures(stats)

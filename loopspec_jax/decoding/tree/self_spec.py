@@ -35,6 +35,8 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import draft_tree as dt
+from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -142,6 +144,25 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
   return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes)
 
 
+def draft_tree_sampled(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init):
+  """drafts="sample": (tree, q [B, K, V]) of the static shape `draft_tree.static_shape(gamma, branch,
+  tree_nodes)`, every expanded node's children drawn i.i.d. from q = process_logits(its depth-d1 readout)."""
+  b = tokens.shape[0]
+  root = tokens[jnp.arange(b), p0]
+  noise = lambda lvl, s: (
+      jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (b, s, cfg.hidden_size))
+      if random_init
+      else None
+  )
+  logits0, past = run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, noise(0, 1))
+
+  def run(lvl, toks, past, pm):
+    return run_level(params, cache, layout, toks, p0, lvl, past, pm, d1, cfg, noise(lvl, toks.shape[1]))
+
+  shape = dt.static_shape(gamma, branch, tree_nodes)
+  return dt.expand(shape, root, logits0, run, past, sp, dt.draft_keys(sp, p0), branch=branch, sample=True)
+
+
 def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
   """The root plus the `tree_nodes` best pool entries by score (ties: lower pool index), in pool order
   (topological), parents re-indexed into the tree. Pool arrays [B, P]; entry 0 is the root."""
@@ -162,7 +183,7 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
 # ---------------------------------------------------------------------------------------------------
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
+    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "sample", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 def decode_loop(
@@ -175,29 +196,25 @@ def decode_loop(
     gamma: int,
     branch: int,
     tree_nodes: int,
+    sample: bool,
     greedy: bool,
     random_init: bool,
 ):
-  """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done."""
+  """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done.
+  sample (ignored when greedy): drafts="sample", a static tree of drawn children and multi-step verification."""
   params = M.prepare_params(params, cfg)
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
   envelope = dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes, random_init=random_init)
 
+  vkw = dict(cfg=cfg, layout=layout, readouts=((d1, 0), (cfg.recurrence, 1)), max_depth=gamma, random_init=random_init)
+
   def round_(st: tv.TreeState) -> tv.TreeState:
     p0 = st.length - 1
+    if sample and not greedy:
+      tree, q = draft_tree_sampled(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
+      return specinfer.verify_round(params, st, sp, tree, q, **vkw)
     tree = draft_tree(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
-    return tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((d1, 0), (cfg.recurrence, 1)),
-        max_depth=gamma,
-        greedy=greedy,
-        random_init=random_init,
-    )[0]
+    return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
 
   return common.loop_until_done(round_, state, sp)
 
@@ -208,12 +225,13 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
   return tv.fresh_state(cache, tokens, lengths)
 
 
-def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int):
+def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int, drafts: str):
   """Raw counts of a tree self-speculation run (figures: `verify.tree_figures`). Per round the drafting runs
-  1 + (gamma - 1) * branch rows to depth d1; the verify pass runs 1 + tree_nodes rows through all R steps
-  (and the coda once more at d1)."""
+  1 + (gamma - 1) * branch rows to depth d1 (drafts="sample": the static shape's expanded nodes); the verify
+  pass runs 1 + tree_nodes rows through all R steps (and the coda once more at d1)."""
   r = cfg.recurrence
-  draft_rows = 1 + (gamma - 1) * branch
+  sampled = drafts == "sample"
+  draft_rows = len(dt.static_shape(gamma, branch, tree_nodes).runs) if sampled else 1 + (gamma - 1) * branch
   coda = cfg.n_coda if cfg.is_raven else 0
   return common.DecodeStats.of_loop(
       "tree",
@@ -225,6 +243,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: i
           "gamma": gamma,
           "branch": branch,
           "tree_nodes": tree_nodes,
+          "drafts": drafts,
           "draft_layer_calls": draft_rows * adaptive.layer_calls(cfg, d1),
           "verify_layer_calls": (1 + tree_nodes) * (adaptive.layer_calls(cfg, r) + coda),
       },
@@ -238,7 +257,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: i
   )
 
 
-def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes) -> dict:
+def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None) -> dict:
   """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
   env = {
       k: DEFAULTS[k] if v is None else v
@@ -265,11 +284,16 @@ def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes) -> dict:
         f"method='tree' needs tree_nodes >= gamma={env['gamma']} (the tree holds the top-1 path, gamma nodes "
         f"deep), got {env['tree_nodes']}"
     )
+  if drafts is not None and drafts not in dt.DRAFTS:
+    raise ValueError(f"method='tree' takes drafts in {dt.DRAFTS}, got {drafts!r}")
+  env["drafts"] = drafts or "topk"
   return env
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelope) -> common.Decoder:
   env = resolve(cfg, **envelope)
+  drafts = env.pop("drafts")
+  sample = drafts == "sample" and not greedy
   return common.Decoder(
       name="tree",
       readout_depths=(env["d1"], cfg.recurrence),
@@ -277,16 +301,18 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
       extra_positions=env["gamma"] + 1,
       init=initial_state,
       loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env),
+      stats=functools.partial(summarize, cfg=cfg, **env, drafts="sample" if sample else "topk"),
       init_kw={"cfg": cfg},
-      loop_kw=dict(env, cfg=cfg, greedy=greedy, random_init=random_init),
+      loop_kw=dict(env, cfg=cfg, sample=sample, greedy=greedy, random_init=random_init),
   )
 
 
 @dataclasses.dataclass(frozen=True)
 class TreeSelf(Method):
   """Tree self-speculation: a tree of `tree_nodes` drafts from the top-`branch` tokens of the depth-`d1`
-  readout, `gamma` levels deep, verified in one full-depth pass (defaults d1=2, gamma=6, branch=4, 32 nodes)."""
+  readout, `gamma` levels deep, verified in one full-depth pass (defaults d1=2, gamma=6, branch=4, 32 nodes).
+  drafts="sample" (when sampling): a static tree whose children are drawn from the readout's q, verified by
+  SpecInfer's multi-step rule (exact in distribution, not token-identical to AR); default "topk"."""
 
   name = "tree"
   positional = ("d1", "gamma", "branch", "tree_nodes")
@@ -294,9 +320,10 @@ class TreeSelf(Method):
   gamma: Optional[int] = None
   branch: Optional[int] = None
   tree_nodes: Optional[int] = None
+  drafts: Optional[str] = None
 
   def validate(self, cfg: ModelConfig) -> None:
-    resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes)
+    resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes, self.drafts)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(
@@ -307,6 +334,7 @@ class TreeSelf(Method):
         gamma=self.gamma,
         branch=self.branch,
         tree_nodes=self.tree_nodes,
+        drafts=self.drafts,
     )
 
   @classmethod

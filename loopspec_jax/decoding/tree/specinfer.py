@@ -20,7 +20,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding.sampling import sample_with_uniform
+from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.verify import acceptance_prob
 
 
@@ -68,3 +71,29 @@ def verify_multistep(key, tokens, parent, valid, p, q, max_depth: int, renormali
   u, cur, stopped, final, n, path = jax.lax.fori_loop(0, max_depth, level, init)
   final = jnp.where(stopped, final, cur)  # every level accepted: the bonus from the last node's target
   return n.astype(jnp.int32), path, sample_with_uniform(uf[0], final)
+
+
+def verify_round(params, st, sp, tree, q, *, cfg, layout, readouts, max_depth: int, random_init: bool):
+  """`verify.verify_round` for a tree of SAMPLED drafts (q [B, K, V]: the drafter's distribution at every
+  node, from which that node's children were drawn i.i.d.): one full-depth pass of every node, the target's
+  processed p at every node, `verify_multistep` per request (key: request, p0 + 1, PURPOSE_VERIFY; p0 names
+  the round), the accepted path written, commit and count. Duplicate siblings are kept (tried again)."""
+  p0 = st.length - 1
+  k = tree.tokens.shape[1]
+  anc = jax.vmap(lambda par, val: (tv.ancestor_mask(par, max_depth) & val[None, :]) | jnp.eye(k, dtype=bool))(
+      tree.parent, tree.valid
+  )
+  noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
+  logits, entries, after = tv.tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise)
+  p = common.row_distributions(logits, sp)
+  keys = jax.vmap(lambda rid, pos: sampling.request_key(sp.base_key, rid, pos, sampling.PURPOSE_VERIFY))(
+      sp.request_ids, p0 + 1
+  )
+  rule = lambda *a: verify_multistep(*a, max_depth)
+  n_acc, path, nxt = jax.vmap(rule)(keys, tree.tokens, tree.parent, tree.valid, p, q)
+  cache = tv.write_path(st.cache, layout, entries, path, p0, n_acc, after)
+  drafts = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
+  live = ~st.done
+  n_nodes = jnp.sum(tree.valid, axis=1) - 1
+  upd = common.commit_round(st, drafts, n_acc, nxt, sp)
+  return st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0))
