@@ -34,8 +34,30 @@ def export_path(export_dir: str) -> str:
   return export_dir if os.path.isabs(export_dir) else os.path.join(CHECKOUT_ROOT, export_dir)
 
 
+def train_heads_from_config(config, command: str = "") -> dict:
+  """Draft heads on a frozen target (`config.heads_kind`, e.g. train/tiny_raven_medusa.py): trains to
+  config.steps (resuming if possible), exports the artefact and its card if config.export_dir."""
+  if config.heads_kind != "medusa":
+    raise ValueError(f"loopspec-train knows no heads_kind {config.heads_kind!r} (known: 'medusa')")
+  from loopspec_jax.heads import medusa_train
+
+  tr = medusa_train.MedusaTrainer(config)
+  t0 = time.time()
+  state = tr.train()
+  seconds = time.time() - t0
+  tr.close()
+  ev = None
+  if config.export_dir:
+    out = export_path(config.export_dir)
+    ev = tr.export(state, out, command=command, seconds=seconds)
+    print(f"exported to {out}; held-out top-1 (LM head, heads 0..): {[round(a, 4) for a in ev['accuracy']]}")
+  return ev
+
+
 def train_from_config(config, command: str = "") -> dict:
   """Trains to config.steps (resuming if possible), exports if config.export_dir; returns the final eval."""
+  if config.get("heads_kind"):
+    return train_heads_from_config(config, command)
   tr = T.Trainer(config)
   t0 = time.time()
   state = tr.train()

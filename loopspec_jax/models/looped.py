@@ -179,19 +179,28 @@ def prepare_params(params, cfg: ModelConfig):
   return out
 
 
-def post(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
-  """Readout: (coda, final norm) and LM head. Returns (float32 logits, k, v) with k/v of the coda."""
+def readout_features(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """The final feature: the vector the LM head multiplies (Raven: ln_f(Coda(s)), post-coda AND post final
+  norm; Ouro: s itself, already normed by `core_step`). Returns (x [..., E], k, v) with k/v of the coda."""
   if not cfg.is_raven:
-    logits = jnp.einsum("...e,ev->...v", s, head_matrix(params, cfg), preferred_element_type=jnp.float32)
     empty = jnp.zeros((0,) + s.shape[:2] + (cfg.num_kv_heads, cfg.head_dim), s.dtype)
-    return logits, empty, empty
+    return s, empty, empty
   x = s
   if cfg.norm_before_coda:
     x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
   x, k, v = layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
-  x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  logits = jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
-  return logits, k, v
+  return layers.rms_norm(x, params["final_norm"], cfg.norm_eps), k, v
+
+
+def lm_head(params, x, cfg: ModelConfig):
+  """float32 logits [..., V] of final features x [..., E]."""
+  return jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
+
+
+def post(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """Readout: (coda, final norm) and LM head. Returns (float32 logits, k, v) with k/v of the coda."""
+  x, k, v = readout_features(params, s, pos, self_mask, ctx_fn, cfg)
+  return lm_head(params, x, cfg), k, v
 
 
 # ---------------------------------------------------------------------------------------------------

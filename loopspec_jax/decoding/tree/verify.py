@@ -158,7 +158,8 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
   the coda at that depth (its entries are needed for readouts there in later rounds). Returns (logits
   [B, K, V] float32, entries {"pre": (k, v) [Lp, B, K, KV, D], "core": [(first step, k, v) [n, Lc, B, K,
   KV, D] per run of steps between readouts] (kept apart: a concatenation would copy them),
-  "coda": {index: (k, v) [Lcd, B, K, KV, D]}}, the last float output (orders the writes after the reads))."""
+  "coda": {index: (k, v) [Lcd, B, K, KV, D]}, "feature": the final feature at R [B, K, E] (what the LM head
+  reads, `looped.readout_features`)}, the last float output (orders the writes after the reads))."""
   b, k = tree.tokens.shape
   t = cache.length
   pos = p0[:, None] + tree.depth
@@ -177,11 +178,12 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
       core.append((first, kk, vv))
       first = depth
     if depth == cfg.recurrence or layout.n_coda:
-      logits, ck, cv = M.post(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
+      feature, ck, cv = M.readout_features(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
+      logits = M.lm_head(params, feature, cfg)
       coda[ridx] = (ck, cv)
   if first != cfg.recurrence:
     raise ValueError(f"the last readout of a tree pass must be at R={cfg.recurrence}, got {readouts}")
-  return logits, {"pre": (pk, pv), "core": core, "coda": coda}, logits
+  return logits, {"pre": (pk, pv), "core": core, "coda": coda, "feature": feature}, logits
 
 
 def gather_nodes(x, path):
@@ -222,12 +224,24 @@ def target_draws(logits, tree: Tree, p0, sp: common.SamplingParams, greedy: bool
 
 
 def verify_round(
-    params, st: TreeState, sp, tree: Tree, *, cfg, layout, readouts, max_depth: int, greedy: bool, random_init: bool
+    params,
+    st: TreeState,
+    sp,
+    tree: Tree,
+    *,
+    cfg,
+    layout,
+    readouts,
+    max_depth: int,
+    greedy: bool,
+    random_init: bool,
+    with_feature: bool = False,
 ):
   """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count.
 
   Returns (state, y [B, K] the target's draw after every node, n_committed [B]) (a drafter may learn from y:
-  lookahead's Jacobi update)."""
+  lookahead's Jacobi update); with `with_feature`, also the final feature [B, E] (`looped.readout_features`
+  at R) of the last accepted node, whose LM-head draw is the round's bonus token (Medusa's heads read it)."""
   p0 = st.length - 1
   tree, anc = normalize(tree, max_depth)
   noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
@@ -240,7 +254,11 @@ def verify_round(
   n_nodes = jnp.sum(tree.valid, axis=1) - 1
   upd = common.commit_round(st, drafts, n_acc, nxt, sp)
   n_commit = upd["length"] - st.length
-  return st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
+  out = st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
+  if not with_feature:
+    return out
+  last = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [B, 1]
+  return out + (jnp.take_along_axis(entries["feature"], last[:, :, None], axis=1)[:, 0],)
 
 
 def tree_figures(stats) -> dict:

@@ -1,0 +1,290 @@
+"""Medusa-1 decoding (Cai et al., 2024) on the one tree verifier: k heads on the target's final feature.
+
+The state carries, per request, the final feature h_a (`looped.readout_features` at depth R: what the LM head
+multiplies) of the node verified last round whose LM-head draw is the current root (the last committed
+token). Head i predicts the token i + 2 after h_a's position, i.e. the root's descendant at depth i + 1. One
+round per request:
+1. drafts (static top-k envelope): head i's top-`branch` tokens, log-probabilities lp_i (log_softmax of the
+   head's logits); the pool is the Cartesian product tree of every rank tuple (r_0, ..., r_j), j < k: node
+   (r_0..r_j) at depth j + 1 carries head j's rank-r_j token under node (r_0..r_{j-1}), scored by the sum of
+   lp_l[r_l] (the product of the head probabilities). The tree is the root plus the `tree_nodes` best pool
+   nodes by score (`self_spec.select`: a child never scores above its parent and ties go to the parent, so
+   the chosen set is closed under ancestors);
+2. verify: the one tree pass (`tree/verify.py`), AR's draws at every node, the accepted path written; the
+   pass also reads out the final feature of the last accepted node, the next round's h_a.
+The first round's h_a (the feature of the prompt's second-to-last position) is computed by a one-node pass at
+the start of the loop call (`prime`); a one-token prompt has none and drafts from a zero feature.
+Drafts depend only on committed tokens (never on this round's draws), so verification is exact: greedy output
+equals AR's and sampled output is AR's token for token for the same seed. `heads` (a `Heads` artefact of kind
+'medusa' for this target), `tree_nodes` (default 16), `branch` (default 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Optional, Union
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import adaptive
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import verify as tv
+from loopspec_jax.decoding.tree.self_spec import select
+from loopspec_jax.heads import artefact
+from loopspec_jax.heads import medusa as heads_lib
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+
+DEFAULTS = {"tree_nodes": 16, "branch": 4}
+MAX_POOL = 4096
+
+
+@flax.struct.dataclass
+class MedusaState:
+  """feature [B, E] float32: h_a, the final feature the heads read; ready [B]: h_a has been computed."""
+
+  feature: jax.Array
+  ready: jax.Array
+
+
+def pool_layout(num_heads: int, branch: int):
+  """The static Cartesian-product pool: per level j (depth j + 1) the rank tuples [branch^(j+1), j + 1], and
+  the pool parent [P] / depth [P] of every entry (entry 0: the root; levels in order)."""
+  ranks, parent, depth, first, prev_first = [], [0], [0], 1, 0
+  for j in range(num_heads):
+    r = np.asarray(list(itertools.product(range(branch), repeat=j + 1)), np.int32).reshape(-1, j + 1)
+    ranks.append(r)
+    if j == 0:
+      parent += [0] * len(r)
+    else:
+      parent += (prev_first + np.ravel_multi_index(r[:, :-1].T, (branch,) * j)).tolist()
+    depth += [j + 1] * len(r)
+    prev_first, first = first, first + len(r)
+  return ranks, np.asarray(parent, np.int32), np.asarray(depth, np.int32)
+
+
+def pool_size(num_heads: int, branch: int) -> int:
+  return sum(branch ** (j + 1) for j in range(num_heads))
+
+
+def build_tree(hparams, feature, root, *, branch: int, tree_nodes: int) -> tv.Tree:
+  """The round's tree [B, 1 + tree_nodes] from h_a [B, E] and the root tokens [B] (module docstring)."""
+  b = root.shape[0]
+  k = hparams["w"].shape[0]
+  lp, tok = jax.lax.top_k(jax.nn.log_softmax(heads_lib.head_logits(hparams, feature), axis=-1), branch)  # [B, k, br]
+  ranks, parent, depth = pool_layout(k, branch)
+  toks, scores = [root[:, None]], [jnp.zeros((b, 1), jnp.float32)]
+  for j, r in enumerate(ranks):
+    toks.append(tok[:, j, r[:, -1]])
+    scores.append(sum(lp[:, l, r[:, l]] for l in range(j + 1)))
+  bk = lambda x: jnp.broadcast_to(jnp.asarray(x), (b,) + x.shape)
+  cat = lambda xs: jnp.concatenate(xs, axis=1)
+  return select(cat(toks).astype(jnp.int32), cat(scores), bk(parent), bk(depth), tree_nodes)
+
+
+def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> MedusaState:
+  """h_a for requests not ready yet: the final feature at position length - 2 (its token through the whole
+  model as a one-node tree, attending to the cached prefix before it), zeros for a one-token prompt."""
+  b = st.tokens.shape[0]
+  p = jnp.maximum(st.length - 2, 0)
+  tok = st.tokens[jnp.arange(b), p][:, None]
+  one = lambda x: jnp.broadcast_to(jnp.asarray(x), (b, 1))
+  tree = tv.Tree(tokens=tok, parent=one(0), depth=one(0), valid=one(True))
+  anc = jnp.ones((b, 1, 1), bool)
+  noise = common.state_noise(sp, p[:, None], cfg) if random_init else None
+  _, entries, _ = tv.tree_pass(params, st.cache, layout, tree, anc, p, ((cfg.recurrence, 0),), cfg, noise)
+  feat = jnp.where((st.length >= 2)[:, None], entries["feature"][:, 0].astype(jnp.float32), 0.0)
+  ex = st.extra
+  return MedusaState(feature=jnp.where(ex.ready[:, None], ex.feature, feat), ready=jnp.ones_like(ex.ready))
+
+
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "branch", "tree_nodes", "greedy", "random_init"), donate_argnames=("state",)
+)
+def decode_loop(
+    params,
+    state: tv.TreeState,
+    sp: common.SamplingParams,
+    hparams,
+    *,
+    cfg: ModelConfig,
+    branch: int,
+    tree_nodes: int,
+    greedy: bool,
+    random_init: bool,
+):
+  """Rounds of (the heads' tree from h_a, one full-depth verify pass, h_a of the last accepted node)."""
+  params = M.prepare_params(params, cfg)
+  layout = kvcache.CacheLayout.of(cfg, 1)
+  k = hparams["w"].shape[0]
+  state = state.replace(extra=prime(params, state, sp, cfg=cfg, layout=layout, random_init=random_init))
+
+  def round_(st: tv.TreeState) -> tv.TreeState:
+    b = st.tokens.shape[0]
+    root = st.tokens[jnp.arange(b), st.length - 1]
+    tree = build_tree(hparams, st.extra.feature, root, branch=branch, tree_nodes=tree_nodes)
+    new, _, _, feat = tv.verify_round(
+        params,
+        st,
+        sp,
+        tree,
+        cfg=cfg,
+        layout=layout,
+        readouts=((cfg.recurrence, 0),),
+        max_depth=k,
+        greedy=greedy,
+        random_init=random_init,
+        with_feature=True,
+    )
+    live = ~st.done
+    feature = jnp.where(live[:, None], feat.astype(jnp.float32), st.extra.feature)
+    return new.replace(extra=st.extra.replace(feature=feature))
+
+  return common.loop_until_done(round_, state, sp)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
+  del sp
+  b = tokens.shape[0]
+  extra = MedusaState(feature=jnp.zeros((b, cfg.hidden_size), jnp.float32), ready=jnp.zeros((b,), bool))
+  return tv.fresh_state(cache, tokens, lengths, extra)
+
+
+def head_layer_calls(cfg: ModelConfig, num_heads: int) -> float:
+  """The heads' weight flops per round (one feature row through every head) in units of one target block's."""
+  block = sum(int(np.prod(s)) for s in M.layer_shapes(cfg).values())
+  e, v = cfg.hidden_size, cfg.vocab_size
+  return num_heads * (e * e + e + e * v) / block
+
+
+def summarize(st: tv.TreeState, cfg: ModelConfig, num_heads: int, branch: int, tree_nodes: int):
+  r = cfg.recurrence
+  return common.DecodeStats.of_loop(
+      "medusa",
+      st,
+      r,
+      settings={
+          "recurrence": r,
+          "num_heads": num_heads,
+          "branch": branch,
+          "tree_nodes": tree_nodes,
+          "draft_layer_calls": head_layer_calls(cfg, num_heads),
+          "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
+      },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "nodes": st.nodes,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
+  )
+
+
+def resolve(cfg: ModelConfig, heads, tree_nodes, branch) -> dict:
+  """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
+  if heads is None:
+    raise ValueError("method='medusa' needs heads=<a Medusa head artefact (lj.load_heads('tiny-raven-medusa'))>")
+  if not isinstance(heads, artefact.Heads) or heads.kind != heads_lib.KIND:
+    what = heads.kind if isinstance(heads, artefact.Heads) else type(heads).__name__
+    raise ValueError(f"method='medusa' needs heads of kind 'medusa', got {what}")
+  for key, want in (("hidden_size", cfg.hidden_size), ("vocab_size", cfg.vocab_size)):
+    if heads.config.get(key) != want:
+      raise ValueError(f"the medusa heads have {key} {heads.config.get(key)}, the model {want}")
+  env = {k: DEFAULTS[k] if v is None else v for k, v in dict(tree_nodes=tree_nodes, branch=branch).items()}
+  for k, v in env.items():
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ValueError(f"method='medusa' needs an integer {k}, got {v!r}")
+  k = int(heads.config["num_heads"])
+  if not 1 <= env["branch"] <= min(cfg.vocab_size, 64):
+    raise ValueError(f"method='medusa' needs 1 <= branch <= {min(cfg.vocab_size, 64)}, got {env['branch']}")
+  most = pool_size(k, env["branch"])
+  if most > MAX_POOL:
+    raise ValueError(f"method='medusa': {k} heads x branch {env['branch']} make a pool of {most} > {MAX_POOL} nodes")
+  if not 1 <= env["tree_nodes"] <= min(most, 512):
+    raise ValueError(
+        f"method='medusa' needs 1 <= tree_nodes <= {min(most, 512)} ({k} heads, branch {env['branch']}), "
+        f"got {env['tree_nodes']}"
+    )
+  env["num_heads"] = k
+  return env
+
+
+def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, tree_nodes, branch) -> common.Decoder:
+  env = resolve(cfg, heads, tree_nodes, branch)
+  return common.Decoder(
+      name="medusa",
+      readout_depths=(cfg.recurrence,),
+      cache_group=1,
+      extra_positions=env["num_heads"] + 1,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg, **env),
+      init_kw={"cfg": cfg},
+      loop_kw=dict(
+          hparams=heads.params,  # traced: another head of the same shapes reuses the compiled loop
+          cfg=cfg,
+          branch=env["branch"],
+          tree_nodes=env["tree_nodes"],
+          greedy=greedy,
+          random_init=random_init,
+      ),
+  )
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str) -> artefact.Heads:
+  return artefact.load(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa(Method):
+  """Medusa-1: a tree of `tree_nodes` drafts from the top-`branch` tokens of each Medusa head (`heads`, an
+  artefact or a bundled head's name), verified in one full-depth pass (defaults 16 nodes, branch 4)."""
+
+  name = "medusa"
+  positional = ("heads", "tree_nodes", "branch")
+  heads: Union[artefact.Heads, str, None] = dataclasses.field(default=None, compare=False)
+  tree_nodes: Optional[int] = None
+  branch: Optional[int] = None
+
+  def __post_init__(self):
+    if isinstance(self.heads, str):
+      object.__setattr__(self, "heads", _load(self.heads))
+
+  @property
+  def label(self) -> str:
+    args = [f"{k}={getattr(self, k)}" for k in ("tree_nodes", "branch") if getattr(self, k) is not None]
+    return "medusa" + (f"({','.join(args)})" if args else "")
+
+  @property
+  def spec(self) -> str:
+    src = getattr(self.heads, "source", None)
+    args = [f"heads={src}"] if src else []
+    args += [f"{k}={getattr(self, k)}" for k in ("tree_nodes", "branch") if getattr(self, k) is not None]
+    return "medusa" + (":" + ",".join(args) if args else "")
+
+  def validate(self, cfg: ModelConfig) -> None:
+    resolve(cfg, self.heads, self.tree_nodes, self.branch)
+
+  def check_target(self, model) -> None:
+    artefact.check_target(self.heads, model)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(
+        cfg, greedy=greedy, random_init=random_init, heads=self.heads, tree_nodes=self.tree_nodes, branch=self.branch
+    )
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    out = tv.tree_figures(stats)
+    out["tokens_per_r_steps"] = out["tau"]
+    return out
