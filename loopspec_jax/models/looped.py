@@ -181,17 +181,27 @@ def prepare_params(params, cfg: ModelConfig):
 
 def post(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
   """Readout: (coda, final norm) and LM head. Returns (float32 logits, k, v) with k/v of the coda."""
+  return post_hidden(params, s, pos, self_mask, ctx_fn, cfg)[:3]
+
+
+def post_hidden(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """`post` plus the final hidden state the head reads (the coda's output before the final norm; Ouro: s).
+  Returns (float32 logits, k, v, hidden)."""
   if not cfg.is_raven:
     logits = jnp.einsum("...e,ev->...v", s, head_matrix(params, cfg), preferred_element_type=jnp.float32)
     empty = jnp.zeros((0,) + s.shape[:2] + (cfg.num_kv_heads, cfg.head_dim), s.dtype)
-    return logits, empty, empty
+    return logits, empty, empty, s
   x = s
   if cfg.norm_before_coda:
     x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  x, k, v = layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
-  x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  logits = jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
-  return logits, k, v
+  hidden, k, v = layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
+  return readout_logits(params, hidden, cfg), k, v, hidden
+
+
+def readout_logits(params, hidden, cfg: ModelConfig):
+  """float32 logits of a final hidden state: the final norm (Raven) and the LM head."""
+  x = layers.rms_norm(hidden, params["final_norm"], cfg.norm_eps) if cfg.is_raven else hidden
+  return jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------------------
