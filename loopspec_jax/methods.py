@@ -20,12 +20,13 @@ from loopspec_jax.decoding.chain import Chain
 from loopspec_jax.decoding.draft import Draft
 from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
+from loopspec_jax.decoding.tree.eagle import Eagle
 from loopspec_jax.decoding.tree.lookahead import Lookahead
 from loopspec_jax.decoding.tree.medusa import Medusa
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
 from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Auto)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 

@@ -179,17 +179,21 @@ def prepare_params(params, cfg: ModelConfig):
   return out
 
 
-def readout_features(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
-  """The final feature: the vector the LM head multiplies (Raven: ln_f(Coda(s)), post-coda AND post final
-  norm; Ouro: s itself, already normed by `core_step`). Returns (x [..., E], k, v) with k/v of the coda."""
+def coda_hidden(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """The final hidden state: the coda's output before the final norm (Raven; Ouro: s itself, already normed
+  by `core_step`). Returns (hidden [..., E], k, v) with k/v of the coda (empty for Ouro)."""
   if not cfg.is_raven:
     empty = jnp.zeros((0,) + s.shape[:2] + (cfg.num_kv_heads, cfg.head_dim), s.dtype)
     return s, empty, empty
   x = s
   if cfg.norm_before_coda:
     x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  x, k, v = layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
-  return layers.rms_norm(x, params["final_norm"], cfg.norm_eps), k, v
+  return layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
+
+
+def final_features(params, hidden, cfg: ModelConfig):
+  """The vector the LM head multiplies: the final norm of `hidden` (Raven), `hidden` itself (Ouro)."""
+  return layers.rms_norm(hidden, params["final_norm"], cfg.norm_eps) if cfg.is_raven else hidden
 
 
 def lm_head(params, x, cfg: ModelConfig):
@@ -197,10 +201,26 @@ def lm_head(params, x, cfg: ModelConfig):
   return jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
 
 
+def readout_logits(params, hidden, cfg: ModelConfig):
+  """float32 logits of a final hidden state: the final norm (Raven) and the LM head."""
+  return lm_head(params, final_features(params, hidden, cfg), cfg)
+
+
+def readout_features(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """The final feature (post-coda AND post final norm: what the LM head reads). Returns (x [..., E], k, v)."""
+  hidden, k, v = coda_hidden(params, s, pos, self_mask, ctx_fn, cfg)
+  return final_features(params, hidden, cfg), k, v
+
+
+def post_hidden(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """`post` plus the final hidden state (`coda_hidden`). Returns (float32 logits, k, v, hidden)."""
+  hidden, k, v = coda_hidden(params, s, pos, self_mask, ctx_fn, cfg)
+  return readout_logits(params, hidden, cfg), k, v, hidden
+
+
 def post(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
   """Readout: (coda, final norm) and LM head. Returns (float32 logits, k, v) with k/v of the coda."""
-  x, k, v = readout_features(params, s, pos, self_mask, ctx_fn, cfg)
-  return lm_head(params, x, cfg), k, v
+  return post_hidden(params, s, pos, self_mask, ctx_fn, cfg)[:3]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -99,15 +99,33 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
   """The round's tree (`verify.Tree`, [B, 1 + tree_nodes]) drafted from the depth-d1 readout (module
   docstring). Reads the cache only. Pool order: the root, the depth-1 candidates, then branch^2 per level."""
   b = tokens.shape[0]
-  bi = jnp.arange(b)
-  root = tokens[bi, p0]
-  n_runs = 1 + (gamma - 1) * branch  # queries run to depth d1: the root, then `branch` per level
+  root = tokens[jnp.arange(b), p0]
   noise = lambda lvl, s: (
       jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (b, s, cfg.hidden_size))
       if random_init
       else None
   )
-  logits, past = run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, noise(0, 1))
+
+  def level(past, lvl, toks, order, past_mask):
+    del order
+    logits, new = run_level(params, cache, layout, toks, p0, lvl, past, past_mask, d1, cfg, noise(lvl, toks.shape[1]))
+    return logits, _append(past, new)
+
+  return expand_tree(level, None, root, gamma=gamma, branch=branch, tree_nodes=tree_nodes)[0]
+
+
+def expand_tree(level, carry, root, *, gamma: int, branch: int, tree_nodes: int):
+  """EAGLE-2's dynamic top-k expansion in a fixed envelope (module docstring), for any drafter.
+
+  `level(carry, lvl, toks [B, S], order, past_mask) -> (logits [B, S, V], carry)` drafts one level: lvl 0 is
+  the root alone (toks = root[:, None], order and past_mask None); level lvl >= 1 the `branch` frontier
+  candidates of depth lvl, `order` [B, branch] their indices among the previous level's candidates (a
+  candidate c of level >= 2 is child c // branch of that level's frontier row), past_mask [B, branch,
+  1 + (lvl - 1) * branch] their ancestors among the run slots so far (slot 0: the root's run, then `branch`
+  per level). Returns (the tree, the final carry)."""
+  b = root.shape[0]
+  n_runs = 1 + (gamma - 1) * branch  # queries run: the root, then `branch` per level
+  logits, carry = level(carry, 0, root[:, None], None, None)
   lp, tok = _children(logits, branch)  # [B, 1, branch]
   pool_tok, pool_score = [root[:, None], tok[:, 0]], [jnp.zeros((b, 1)), lp[:, 0]]
   pool_parent, pool_depth = [jnp.zeros((b, 1 + branch), jnp.int32)], [jnp.zeros((b, 1), jnp.int32)]
@@ -126,10 +144,7 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
     f_score = jnp.take_along_axis(score, order, axis=1)
     f_runs = jnp.take_along_axis(cand_runs, order[:, :, None], axis=1)  # [B, branch, n_runs]
     n_past = 1 + (lvl - 1) * branch
-    logits, new = run_level(
-        params, cache, layout, f_tok, p0, lvl, past, f_runs[:, :, :n_past], d1, cfg, noise(lvl, branch)
-    )
-    past = _append(past, new)
+    logits, carry = level(carry, lvl, f_tok, order, f_runs[:, :, :n_past])
     lp, tok = _children(logits, branch)  # [B, branch, branch]
     own = jax.nn.one_hot(n_past + jnp.arange(branch), n_runs, dtype=bool)  # this level's run slots
     cand_runs = jnp.repeat(f_runs | own[None], branch, axis=1)  # [B, branch^2, n_runs]
@@ -141,7 +156,7 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
     cand_first += branch if lvl == 1 else branch * branch
   cat = lambda xs: jnp.concatenate(xs, axis=1)
   keyed = jnp.where(cat(chain), jnp.inf, cat(pool_score))  # the top-1 path first, then the best by score
-  return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes)
+  return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes), carry
 
 
 def draft_tree_sampled(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init):

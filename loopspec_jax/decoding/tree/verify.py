@@ -151,15 +151,16 @@ def accept(tree: Tree, anc, y, max_depth: int):
 # ---------------------------------------------------------------------------------------------------
 # The verify pass and the path write
 # ---------------------------------------------------------------------------------------------------
-def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: ModelConfig, noise=None):
+def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: ModelConfig, noise=None, features=()):
   """All K nodes through prelude, R core steps and the readouts in one batched pass; reads the cache only.
 
   readouts: ((depth, coda index), ...) ascending, the last at depth R (its logits are returned); each runs
   the coda at that depth (its entries are needed for readouts there in later rounds). Returns (logits
   [B, K, V] float32, entries {"pre": (k, v) [Lp, B, K, KV, D], "core": [(first step, k, v) [n, Lc, B, K,
   KV, D] per run of steps between readouts] (kept apart: a concatenation would copy them),
-  "coda": {index: (k, v) [Lcd, B, K, KV, D]}, "feature": the final feature at R [B, K, E] (what the LM head
-  reads, `looped.readout_features`)}, the last float output (orders the writes after the reads))."""
+  "coda": {index: (k, v) [Lcd, B, K, KV, D]}}, the last float output (orders the writes after the reads)).
+  `features` (a drafter's readout, e.g. EAGLE's): "hidden" (the final hidden state at R, before the final
+  norm), "final" (after it: what the LM head reads, Medusa's input) and / or recurrent depths whose states s_d to return; entries["features"] holds them [B, K, E] each."""
   b, k = tree.tokens.shape
   t = cache.length
   pos = p0[:, None] + tree.depth
@@ -171,19 +172,27 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
     s, kk, vv = M.core_step(params, s, e, pos, anc, kvcache.core_ctx(cache, layout, i, mask), cfg)
     return s, (kk, vv)
 
-  core, coda, first, logits = [], {}, 0, None
-  for depth, ridx in readouts:
+  core, coda, first, logits, feats = [], {}, 0, None, {}
+  state_depths = {f for f in features if not isinstance(f, str)}
+  ridx_of = dict((d, i) for d, i in readouts)
+  for depth in sorted(set(ridx_of) | {d for d in state_depths if d <= max(ridx_of)}):
     if depth > first:
       s, (kk, vv) = jax.lax.scan(step, s, jnp.arange(first, depth))
       core.append((first, kk, vv))
       first = depth
-    if depth == cfg.recurrence or layout.n_coda:
-      feature, ck, cv = M.readout_features(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
-      logits = M.lm_head(params, feature, cfg)
+    if depth in state_depths:
+      feats[depth] = s
+    ridx = ridx_of.get(depth)
+    if ridx is not None and (depth == cfg.recurrence or layout.n_coda):
+      logits, ck, cv, hidden = M.post_hidden(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
       coda[ridx] = (ck, cv)
-  if first != cfg.recurrence:
+      if depth == cfg.recurrence and "hidden" in features:
+        feats["hidden"] = hidden
+      if depth == cfg.recurrence and "final" in features:
+        feats["final"] = M.final_features(params, hidden, cfg)
+  if first != cfg.recurrence or readouts[-1][0] != cfg.recurrence:
     raise ValueError(f"the last readout of a tree pass must be at R={cfg.recurrence}, got {readouts}")
-  return logits, {"pre": (pk, pv), "core": core, "coda": coda, "feature": feature}, logits
+  return logits, {"pre": (pk, pv), "core": core, "coda": coda, "features": feats}, logits
 
 
 def gather_nodes(x, path):
@@ -235,17 +244,21 @@ def verify_round(
     max_depth: int,
     greedy: bool,
     random_init: bool,
+    features: tuple = (),
     with_feature: bool = False,
 ):
   """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count.
 
   Returns (state, y [B, K] the target's draw after every node, n_committed [B]) (a drafter may learn from y:
-  lookahead's Jacobi update); with `with_feature`, also the final feature [B, E] (`looped.readout_features`
-  at R) of the last accepted node, whose LM-head draw is the round's bonus token (Medusa's heads read it)."""
+  lookahead's Jacobi update). With `features` (see `tree_pass`) a fourth item: the accepted path's features
+  [B, max_depth + 1, E * len(features)] (node path[:, d] at depth d, in the order of `features`; rows past
+  n_acc are the root's). With `with_feature`, a last item: the "final" feature [B, E] of the last accepted
+  node, whose LM-head draw is the round's bonus token (Medusa's heads read it)."""
   p0 = st.length - 1
   tree, anc = normalize(tree, max_depth)
   noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
-  logits, entries, after = tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise)
+  wanted = tuple(features) + (("final",) if with_feature and "final" not in features else ())
+  logits, entries, after = tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise, wanted)
   y = target_draws(logits, tree, p0, sp, greedy)
   n_acc, path, nxt = accept(tree, anc, y, max_depth)
   cache = write_path(st.cache, layout, entries, path, p0, n_acc, after)
@@ -254,11 +267,15 @@ def verify_round(
   n_nodes = jnp.sum(tree.valid, axis=1) - 1
   upd = common.commit_round(st, drafts, n_acc, nxt, sp)
   n_commit = upd["length"] - st.length
-  out = st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
-  if not with_feature:
-    return out
-  last = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [B, 1]
-  return out + (jnp.take_along_axis(entries["feature"], last[:, :, None], axis=1)[:, 0],)
+  st = st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0))
+  out = (st, y, n_commit)
+  if features:
+    feats = jnp.concatenate([entries["features"][f] for f in features], axis=-1)  # [B, K, F]
+    out += (jnp.take_along_axis(feats, path[:, :, None], axis=1),)
+  if with_feature:
+    last = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [B, 1]
+    out += (jnp.take_along_axis(entries["features"]["final"], last[:, :, None], axis=1)[:, 0],)
+  return out
 
 
 def tree_figures(stats) -> dict:

@@ -1,0 +1,317 @@
+"""EAGLE on the loop: a token tree drafted by an EAGLE head (`heads/eagle.py`) on the target's own features,
+verified by the one tree verifier (`tree/verify.py`).
+
+State: besides the target's cache, the head's own key/value cache [B, KV, T, D] (its entry at position j was
+computed from (x_{j+1}, g_j) with the target's true feature g_j) and the pending rows: the target's raw
+features of positions q0 .. length - 2 (at most gamma + 1, the accepted path of the last verify pass) whose head
+entries are not cached yet.
+
+One round per request (position p0 = length - 1 holds the root, the last committed token):
+1. level 0 runs the pending rows through the head in one call (causal among themselves, on top of the head
+   cache), writes their entries, and reads the last one out: h_{p0} predicts f_{p0}, and its top-`branch`
+   tokens under the target's final norm and LM head are the depth-1 candidates;
+2. levels 1 .. gamma - 1 feed each frontier candidate with its parent's output h (EAGLE's autoregression on
+   its own features) and expand the EAGLE-2 dynamic top-k tree in a fixed envelope: `self_spec.expand_tree`,
+   the same expansion tree self-speculation uses (top `branch` children per frontier node, the `tree_nodes`
+   best by cumulative draft log-probability, the top-1 path always kept);
+3. the verify pass (`verify.verify_round` with the head's feature readout) checks the tree at full depth,
+   commits the accepted path and returns its nodes' features: the next round's pending rows.
+Drafts are deterministic (top-k of the head), so sampled output is token-identical to AR's for the same seed.
+Drafting costs no core steps: the features come out of the verify pass (feature 'fused' reads the states at
+its three depths, all inside the R steps the pass runs anyway); a level is one transformer block and the LM
+head. Before the first round the prompt's features come from one full-sequence forward (no cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import adaptive
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import self_spec
+from loopspec_jax.decoding.tree import verify as tv
+from loopspec_jax.heads import artefact
+from loopspec_jax.heads import eagle as E
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+
+DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
+
+
+@flax.struct.dataclass
+class HeadState:
+  """The head's cache and the pending rows (module docstring)."""
+
+  k: jax.Array  # [B, KV, T, D]
+  v: jax.Array  # [B, KV, T, D]
+  feat: jax.Array  # [B, gamma + 1, F] raw target features of positions q0 + i
+  q0: jax.Array  # [B]
+  hist: jax.Array  # [B, gamma + 1] rounds by number of accepted drafts (per-level acceptance)
+
+
+def verify_features(feature: str, depths: tuple) -> tuple:
+  """What the verify pass reads out for a head: ('hidden',) or its three depths."""
+  return ("hidden",) if feature == "final" else tuple(depths)
+
+
+def prologue(params, hp, st: tv.TreeState, sp, *, cfg, feature, depths, random_init):
+  """The prompt's head cache (positions < length - 2) and its pending row (position length - 2), from one
+  full-sequence forward of the target over the token buffer."""
+  b, t = st.tokens.shape
+  hcfg = {"feature": feature}
+  noise = common.prompt_noise(sp, b, t, cfg, random_init)
+  hidden, states = E.target_features(params, st.tokens, st.length, cfg, depths if feature == "fused" else (), noise)
+  raw = E.raw_feature(hcfg, hidden, states)  # [B, T, F]
+  pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+  nxt = jnp.concatenate([st.tokens[:, 1:], jnp.zeros_like(st.tokens[:, :1])], axis=1)
+  _, k, v = E.step(hp, params, nxt, E.first_feature(hp, hcfg, raw), pos, M.causal_mask(st.length, t), [], cfg)
+  q0 = st.length - 2
+  row = jnp.take_along_axis(raw, jnp.maximum(q0, 0)[:, None, None], axis=1)  # [B, 1, F]
+  feat = jnp.zeros_like(st.extra.feat).at[:, :1].set(row)
+  return st.replace(extra=st.extra.replace(k=k.transpose(0, 2, 1, 3), v=v.transpose(0, 2, 1, 3), feat=feat, q0=q0))
+
+
+def level0(hp, params, hs: HeadState, tokens, length, *, cfg, feature):
+  """The pending rows through the head, written to its cache. Returns (logits [B, 1, V] of the last row,
+  its output h [B, 1, E], the new cache k, v)."""
+  b, g1, _ = hs.feat.shape
+  t = hs.k.shape[2]
+  i = jnp.arange(g1)
+  pos = hs.q0[:, None] + i[None, :]  # [B, G+1]
+  n_pend = length - 1 - hs.q0
+  valid = (i[None, :] < n_pend[:, None]) & (pos >= 0)
+  toks = jnp.take_along_axis(tokens, jnp.clip(pos + 1, 0, t - 1), axis=1)
+  own = ((i[None, :] <= i[:, None])[None] & valid[:, None, :]) | jnp.eye(g1, dtype=bool)[None]
+  cached = jnp.broadcast_to(jnp.arange(t)[None, None, :] < hs.q0[:, None, None], (b, g1, t))
+  feat = E.first_feature(hp, {"feature": feature}, hs.feat)
+  h, k, v = E.step(hp, params, toks, feat, jnp.maximum(pos, 0), own, [(hs.k, hs.v, cached)], cfg)
+  wpos = jnp.where(valid, pos, t)
+  bi = jnp.arange(b)[:, None]
+  hk = hs.k.at[bi, :, wpos].set(k.astype(hs.k.dtype), mode="drop")
+  hv = hs.v.at[bi, :, wpos].set(v.astype(hs.v.dtype), mode="drop")
+  last = jnp.maximum(n_pend - 1, 0)
+  h_last = jnp.take_along_axis(h, last[:, None, None], axis=1)  # [B, 1, E]
+  return M.readout_logits(params, h_last, cfg), h_last, hk, hv
+
+
+def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tree_nodes):
+  """The round's tree drafted by the head (module docstring) and the head state after level 0."""
+  b, t = st.tokens.shape
+  p0 = st.length - 1
+  root = st.tokens[jnp.arange(b), p0]
+  hs = st.extra
+
+  def level(carry, lvl, toks, order, past_mask):
+    if lvl == 0:
+      logits, h, hk, hv = level0(hp, params, hs, st.tokens, st.length, cfg=cfg, feature=feature)
+      return logits, (hk, hv, None, h)
+    hk, hv, past, h_prev = carry
+    s = toks.shape[1]
+    parent_h = jnp.take_along_axis(h_prev, (order // branch)[:, :, None], axis=1)
+    pos = jnp.broadcast_to((p0 + lvl - 1)[:, None], (b, s))
+    ctx = [(hk, hv, jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s, t)))]
+    if past is not None:
+      ctx.append((past[0], past[1], past_mask[:, :, 1:]))
+    eye = jnp.broadcast_to(jnp.eye(s, dtype=bool), (b, s, s))
+    h, k, v = E.step(hp, params, toks, parent_h, pos, eye, ctx, cfg)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    past = (k, v) if past is None else tuple(jnp.concatenate([a, n], axis=2) for a, n in zip(past, (k, v)))
+    return M.readout_logits(params, h, cfg), (hk, hv, past, h)
+
+  tree, (hk, hv, _, _) = self_spec.expand_tree(level, None, root, gamma=gamma, branch=branch, tree_nodes=tree_nodes)
+  return tree, hs.replace(k=hk, v=hv)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop, the stats and the Method
+# ---------------------------------------------------------------------------------------------------
+@functools.partial(
+    jax.jit,
+    static_argnames=("cfg", "feature", "depths", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
+    donate_argnames=("state",),
+)
+def decode_loop(
+    params,
+    state: tv.TreeState,
+    sp: common.SamplingParams,
+    head_params,
+    *,
+    cfg: ModelConfig,
+    feature: str,
+    depths: tuple,
+    gamma: int,
+    branch: int,
+    tree_nodes: int,
+    greedy: bool,
+    random_init: bool,
+):
+  """The prompt's head features, then rounds of (draft a tree with the head, verify it) until all are done."""
+  params = M.prepare_params(params, cfg)
+  hp = head_params
+  layout = kvcache.CacheLayout.of(cfg, 1)
+  state = prologue(params, hp, state, sp, cfg=cfg, feature=feature, depths=depths, random_init=random_init)
+  envelope = dict(gamma=gamma, branch=branch, tree_nodes=tree_nodes)
+
+  def round_(st: tv.TreeState) -> tv.TreeState:
+    p0, live, accepted = st.length - 1, ~st.done, st.accepted
+    tree, hs = draft_tree(params, hp, st, cfg=cfg, feature=feature, **envelope)
+    st, _, _, feats = tv.verify_round(
+        params,
+        st,
+        sp,
+        tree,
+        cfg=cfg,
+        layout=layout,
+        readouts=((cfg.recurrence, 0),),
+        max_depth=gamma,
+        greedy=greedy,
+        random_init=random_init,
+        features=verify_features(feature, depths),
+    )
+    n_acc = st.accepted - accepted
+    hist = hs.hist + (jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * live[:, None])
+    return st.replace(extra=hs.replace(feat=feats.astype(hs.feat.dtype), q0=p0, hist=hist))
+
+  return common.loop_until_done(round_, state, sp)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "gamma", "width"))
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, width: int):
+  del sp
+  b, t = tokens.shape
+  zk = jnp.zeros((b, cfg.num_kv_heads, t, cfg.head_dim), jnp.float32)
+  zh = jnp.zeros((b, gamma + 1), jnp.int32)
+  extra = HeadState(zk, zk, jnp.zeros((b, gamma + 1, width), jnp.float32), lengths - 2, zh)
+  return tv.fresh_state(cache, tokens, lengths, extra)
+
+
+def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, branch: int, tree_nodes: int):
+  """Raw counts of an EAGLE run (figures: `verify.tree_figures`). Per round the head runs gamma + 1 pending
+  rows and (gamma - 1) * branch frontier rows through its one block (and the LM head); the verify pass runs
+  1 + tree_nodes rows through all R steps. Drafting runs no core step."""
+  r = cfg.recurrence
+  draft_rows = gamma + 1 + (gamma - 1) * branch
+  hist = jax.device_get(st.extra.hist).sum(axis=0)  # rounds by accepted drafts
+  reached = {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(gamma + 1)}
+  return common.DecodeStats.of_loop(
+      "eagle",
+      st,
+      r,
+      settings={
+          "recurrence": r,
+          "feature": feature,
+          "gamma": gamma,
+          "branch": branch,
+          "tree_nodes": tree_nodes,
+          "draft_blocks_per_round": gamma,
+          "draft_layer_calls": draft_rows,
+          "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
+      },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "nodes": st.nodes,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
+      totals=reached,
+  )
+
+
+def level_acceptance(stats) -> list:
+  """Per draft level k = 1..gamma: the fraction of rounds that accepted a depth-k draft among those that
+  accepted depth k - 1 (from the totals `rounds_accepting_k`)."""
+  t, out, k = stats.totals, [], 1
+  while f"rounds_accepting_{k}" in t:
+    out.append(t[f"rounds_accepting_{k}"] / max(t[f"rounds_accepting_{k - 1}"], 1))
+    k += 1
+  return out
+
+
+def resolve(cfg: ModelConfig, gamma, branch, tree_nodes) -> dict:
+  """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
+  env = {k: DEFAULTS[k] if v is None else v for k, v in dict(gamma=gamma, branch=branch, tree_nodes=tree_nodes).items()}
+  for k, v in env.items():
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ValueError(f"method='eagle' needs an integer {k}, got {v!r}")
+  if not 1 <= env["branch"] <= min(cfg.vocab_size, 64):
+    raise ValueError(f"method='eagle' needs 1 <= branch <= {min(cfg.vocab_size, 64)}, got {env['branch']}")
+  if not 1 <= env["gamma"] <= min(32, cfg.max_len - 1):
+    raise ValueError(f"method='eagle' needs a tree depth 1 <= gamma <= {min(32, cfg.max_len - 1)}, got {env['gamma']}")
+  most = self_spec.pool_size(env["branch"], env["gamma"])
+  if not 1 <= env["tree_nodes"] <= min(most, 512):
+    raise ValueError(
+        f"method='eagle' needs 1 <= tree_nodes <= {min(most, 512)} (branch={env['branch']}, gamma={env['gamma']} "
+        f"draft {most} candidates), got {env['tree_nodes']}"
+    )
+  return env
+
+
+def _load(heads):
+  return artefact.load(heads) if isinstance(heads, str) else heads
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle(Method):
+  """EAGLE: a tree of `tree_nodes` drafts from an EAGLE head (`heads=lj.load_heads('tiny-raven-eagle')`) on
+  the target's features, `gamma` levels deep, top-`branch` per frontier node, verified in one full-depth pass
+  (defaults gamma=6, branch=4, 32 nodes)."""
+
+  name = "eagle"
+  positional = ("heads", "gamma", "branch", "tree_nodes")
+  heads: Any = dataclasses.field(default=None, compare=False)  # a Heads artefact, or its name / directory
+  gamma: Optional[int] = None
+  branch: Optional[int] = None
+  tree_nodes: Optional[int] = None
+
+  def __post_init__(self):
+    if isinstance(self.heads, str):
+      object.__setattr__(self, "heads", _load(self.heads))
+
+  def validate(self, cfg: ModelConfig) -> None:
+    if self.heads is None:
+      raise ValueError("method='eagle' needs heads= (an EAGLE head artefact: lj.load_heads('tiny-raven-eagle'))")
+    if not isinstance(self.heads, artefact.Heads) or self.heads.kind != E.KIND:
+      kind = getattr(self.heads, "kind", type(self.heads).__name__)
+      raise ValueError(f"method='eagle' needs an EAGLE head artefact, got {kind!r}")
+    resolve(cfg, self.gamma, self.branch, self.tree_nodes)
+
+  def check_target(self, model) -> None:
+    artefact.check_target(self.heads, model)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    env = resolve(cfg, self.gamma, self.branch, self.tree_nodes)
+    hc = self.heads.config
+    feature, depths = hc["feature"], tuple(hc["depths"])
+    return common.Decoder(
+        name="eagle",
+        readout_depths=(cfg.recurrence,),
+        cache_group=1,
+        extra_positions=env["gamma"] + 1,
+        init=initial_state,
+        loop=decode_loop,
+        stats=functools.partial(summarize, cfg=cfg, feature=feature, **env),
+        init_kw={"cfg": cfg, "gamma": env["gamma"], "width": E.feature_width(hc)},
+        # the head's parameters travel as a keyword (traced, not static), like method='draft''s drafter
+        loop_kw=dict(
+            env,
+            head_params=self.heads.params,
+            cfg=cfg,
+            feature=feature,
+            depths=depths,
+            greedy=greedy,
+            random_init=random_init,
+        ),
+    )
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    return dict(tv.tree_figures(stats), level_acceptance=level_acceptance(stats))
