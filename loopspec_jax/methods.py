@@ -21,10 +21,11 @@ from loopspec_jax.decoding.draft import Draft
 from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.tree.lookahead import Lookahead
+from loopspec_jax.decoding.tree.mtp import MTP
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
 from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Auto)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, MTP, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 

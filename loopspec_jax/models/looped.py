@@ -185,13 +185,22 @@ def post(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
     logits = jnp.einsum("...e,ev->...v", s, head_matrix(params, cfg), preferred_element_type=jnp.float32)
     empty = jnp.zeros((0,) + s.shape[:2] + (cfg.num_kv_heads, cfg.head_dim), s.dtype)
     return logits, empty, empty
+  x, k, v = post_features(params, s, pos, self_mask, ctx_fn, cfg)
+  return head_logits(params, x, cfg), k, v
+
+
+def post_features(params, s, pos, self_mask, ctx_fn, cfg: ModelConfig):
+  """Raven: the coda's output before the final norm (the feature a head reads), and the coda's k/v."""
   x = s
   if cfg.norm_before_coda:
     x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  x, k, v = layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
+  return layers.run_stack(params["coda"], x, pos, self_mask, ctx_fn, cfg)
+
+
+def head_logits(params, x, cfg: ModelConfig):
+  """float32 logits of a Raven feature (`post_features`): final norm and LM head."""
   x = layers.rms_norm(x, params["final_norm"], cfg.norm_eps)
-  logits = jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
-  return logits, k, v
+  return jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -151,14 +151,17 @@ def accept(tree: Tree, anc, y, max_depth: int):
 # ---------------------------------------------------------------------------------------------------
 # The verify pass and the path write
 # ---------------------------------------------------------------------------------------------------
-def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: ModelConfig, noise=None):
+def tree_pass(
+    params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: ModelConfig, noise=None, features=False
+):
   """All K nodes through prelude, R core steps and the readouts in one batched pass; reads the cache only.
 
   readouts: ((depth, coda index), ...) ascending, the last at depth R (its logits are returned); each runs
   the coda at that depth (its entries are needed for readouts there in later rounds). Returns (logits
   [B, K, V] float32, entries {"pre": (k, v) [Lp, B, K, KV, D], "core": [(first step, k, v) [n, Lc, B, K,
   KV, D] per run of steps between readouts] (kept apart: a concatenation would copy them),
-  "coda": {index: (k, v) [Lcd, B, K, KV, D]}}, the last float output (orders the writes after the reads))."""
+  "coda": {index: (k, v) [Lcd, B, K, KV, D]}} (+ "feature": [B, K, E] the depth-R feature a head reads,
+  `looped.post_features`, when `features`), the last float output (orders the writes after the reads))."""
   b, k = tree.tokens.shape
   t = cache.length
   pos = p0[:, None] + tree.depth
@@ -170,18 +173,27 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
     s, kk, vv = M.core_step(params, s, e, pos, anc, kvcache.core_ctx(cache, layout, i, mask), cfg)
     return s, (kk, vv)
 
-  core, coda, first, logits = [], {}, 0, None
+  core, coda, first, logits, feat = [], {}, 0, None, s
   for depth, ridx in readouts:
     if depth > first:
       s, (kk, vv) = jax.lax.scan(step, s, jnp.arange(first, depth))
       core.append((first, kk, vv))
       first = depth
     if depth == cfg.recurrence or layout.n_coda:
-      logits, ck, cv = M.post(params, s, pos, anc, kvcache.coda_ctx(cache, ridx, mask), cfg)
+      ctx = kvcache.coda_ctx(cache, ridx, mask)
+      if features and cfg.is_raven and depth == cfg.recurrence:
+        feat, ck, cv = M.post_features(params, s, pos, anc, ctx, cfg)
+        logits = M.head_logits(params, feat, cfg)
+      else:
+        logits, ck, cv = M.post(params, s, pos, anc, ctx, cfg)
+        feat = s
       coda[ridx] = (ck, cv)
   if first != cfg.recurrence:
     raise ValueError(f"the last readout of a tree pass must be at R={cfg.recurrence}, got {readouts}")
-  return logits, {"pre": (pk, pv), "core": core, "coda": coda}, logits
+  entries = {"pre": (pk, pv), "core": core, "coda": coda}
+  if features:
+    entries["feature"] = feat
+  return logits, entries, logits
 
 
 def gather_nodes(x, path):
@@ -222,16 +234,28 @@ def target_draws(logits, tree: Tree, p0, sp: common.SamplingParams, greedy: bool
 
 
 def verify_round(
-    params, st: TreeState, sp, tree: Tree, *, cfg, layout, readouts, max_depth: int, greedy: bool, random_init: bool
+    params,
+    st: TreeState,
+    sp,
+    tree: Tree,
+    *,
+    cfg,
+    layout,
+    readouts,
+    max_depth: int,
+    greedy: bool,
+    random_init: bool,
+    features: bool = False,
 ):
   """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count.
 
   Returns (state, y [B, K] the target's draw after every node, n_committed [B]) (a drafter may learn from y:
-  lookahead's Jacobi update)."""
+  lookahead's Jacobi update); with `features`, also the last accepted node's depth-R feature [B, E] (the
+  feature behind the token just emitted: what an MTP head drafts from)."""
   p0 = st.length - 1
   tree, anc = normalize(tree, max_depth)
   noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
-  logits, entries, after = tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise)
+  logits, entries, after = tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise, features)
   y = target_draws(logits, tree, p0, sp, greedy)
   n_acc, path, nxt = accept(tree, anc, y, max_depth)
   cache = write_path(st.cache, layout, entries, path, p0, n_acc, after)
@@ -240,7 +264,11 @@ def verify_round(
   n_nodes = jnp.sum(tree.valid, axis=1) - 1
   upd = common.commit_round(st, drafts, n_acc, nxt, sp)
   n_commit = upd["length"] - st.length
-  return st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
+  out = st.replace(cache=cache, **upd, nodes=st.nodes + jnp.where(live, n_nodes, 0)), y, n_commit
+  if not features:
+    return out
+  last = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [B, 1]
+  return out + (jnp.take_along_axis(entries["feature"], last[:, :, None], axis=1)[:, 0],)
 
 
 def tree_figures(stats) -> dict:
