@@ -23,10 +23,11 @@ from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.tree.eagle import Eagle
 from loopspec_jax.decoding.tree.lookahead import Lookahead
 from loopspec_jax.decoding.tree.medusa import Medusa
+from loopspec_jax.decoding.tree.mtp import MTP
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
 from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, Auto)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, MTP, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 

@@ -10,7 +10,19 @@ from loopspec_jax import methods
 
 
 def test_registry_names_every_method_once():
-  assert methods.NAMES == ("ar", "chain", "loopspec", "draft", "lookup", "tree", "lookahead", "medusa", "eagle", "auto")
+  assert methods.NAMES == (
+      "ar",
+      "chain",
+      "loopspec",
+      "draft",
+      "lookup",
+      "tree",
+      "lookahead",
+      "medusa",
+      "eagle",
+      "mtp",
+      "auto",
+  )
   for name, cls in methods.REGISTRY.items():
     assert cls.name == name and issubclass(cls, lj.Method)
 

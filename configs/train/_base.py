@@ -31,6 +31,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.aux_weight = 1.0
   c.ouro_reduce = "mean"
   c.init_state = "random"
+  c.mtp_weight = 0.0  # > 0: train one DeepSeek-V3 MTP module too (loopspec_jax/heads/mtp.py), this loss weight
   # data
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = config_dict.placeholder(str)  # none: ~/.cache/loopspec_jax
@@ -48,4 +49,5 @@ def base_config() -> ml_collections.ConfigDict:
   c.card_eval_windows = 48
   c.card_depths = (1, 2, 4, 8)
   c.export_dir = config_dict.placeholder(str)  # none: no export
+  c.heads_export_dir = config_dict.placeholder(str)  # where a head trained with the model goes (mtp)
   return c

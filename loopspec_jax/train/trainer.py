@@ -55,6 +55,7 @@ class Objective:
   ouro_reduce: str = "mean"  # 'mean' | 'sum' over depths
   init_state: str = "random"  # Raven initial state during training: 'random' (Huginn) or 'zeros'
   compute_dtype: str = "float32"
+  mtp_weight: float = 0.0  # > 0: params["mtp"] is a DeepSeek-V3 MTP module (heads/mtp.py), loss weight lambda
 
   def __post_init__(self):
     if self.kind not in ("raven", "ouro"):
@@ -118,6 +119,17 @@ def raven_loss(params, tokens, key, cfg: ModelConfig, obj: Objective):
   def readout_loss(s):
     return _xent(M.post(cp, s, pos, mask, none, cfg)[0], tgt)
 
+  def main_and_mtp(s):
+    """The main readout loss plus lambda * the MTP module's loss on the same depth-r features."""
+    if not obj.mtp_weight:
+      return readout_loss(s), {}
+    from loopspec_jax.heads import mtp
+
+    f = M.coda_hidden(cp, s, pos, mask, none, cfg)[0]
+    main = _xent(M.readout_logits(cp, f, cfg), tgt)
+    m_loss, m_acc = mtp.loss(cp["mtp"], cp, f, tgt, cfg)
+    return main + obj.mtp_weight * m_loss, {"main_loss": main, "mtp_loss": m_loss, "mtp_acc": m_acc}
+
   metrics = {"depth": r}
   a = max(obj.aux_depths) if obj.aux_depths else 0
   if a:
@@ -133,12 +145,12 @@ def raven_loss(params, tokens, key, cfg: ModelConfig, obj: Objective):
         lambda: tail(jax.lax.stop_gradient(states[a - 1]), r - a),
     )
     aux = jnp.mean(jnp.stack([readout_loss(states[d - 1]) for d in obj.aux_depths]))
-    main = readout_loss(s_r)
-    metrics.update(main_loss=main, aux_loss=aux)
+    main, extra = main_and_mtp(s_r)
+    metrics.update({"main_loss": main, "aux_loss": aux, **extra})
     loss = main + obj.aux_weight * aux
   else:
-    loss = readout_loss(tail(s0, r))
-    metrics["main_loss"] = loss
+    loss, extra = main_and_mtp(tail(s0, r))
+    metrics.update({"main_loss": loss, **extra})
   return loss, metrics
 
 
@@ -252,6 +264,7 @@ def objective_from_config(c) -> Objective:
       ouro_reduce=c.ouro_reduce,
       init_state=c.init_state,
       compute_dtype=c.compute_dtype,
+      mtp_weight=float(c.get("mtp_weight", 0.0)),
   )
 
 
@@ -306,6 +319,12 @@ class Trainer:
     key = jax.random.PRNGKey(self.config.seed)
     k_params, k_rng = jax.random.split(key)
     params = M.init_params(self.cfg, k_params, contraction=self.config.get("init_contraction", None))
+    if self.obj.mtp_weight:
+      if not self.cfg.is_raven or self.obj.kind != "raven":
+        raise ValueError("mtp_weight > 0 needs a Raven-family model and the 'raven' objective")
+      from loopspec_jax.heads import mtp
+
+      params["mtp"] = mtp.init_params(self.cfg, jax.random.fold_in(k_params, 1))
     params = M.cast_params(params, jnp.float32)
     return {"params": params, "opt_state": self.opt.init(params), "step": jnp.int32(0), "rng": k_rng}
 
@@ -399,10 +418,17 @@ class Trainer:
     """Saves the model (`loopspec_jax.save`) and writes MODEL_CARD.md with held-out numbers."""
     c = self.config
     params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), jax.device_get(state["params"]))
-    native.save(LoopedModel(self.cfg, params, self.corpus.tokenizer), out_dir)
+    head = params.pop("mtp", None)
+    model = LoopedModel(self.cfg, params, self.corpus.tokenizer)
+    native.save(model, out_dir)
     ev = evaluate(params, self.eval_windows(c.card_eval_windows), c.card_depths, self.cfg)
+    card = model_card(c, self.cfg, ev, int(state["step"]), command, train_seconds, self.corpus)
+    if head is not None:
+      from loopspec_jax.heads import mtp
+
+      card += mtp.export(model, head, c, self.eval_windows(c.card_eval_windows), int(state["step"]), command)
     with open(os.path.join(out_dir, "MODEL_CARD.md"), "w") as f:
-      f.write(model_card(c, self.cfg, ev, int(state["step"]), command, train_seconds, self.corpus))
+      f.write(card)
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
       json.dump(ev, f, indent=1)
     return ev

@@ -141,7 +141,7 @@ def decode_loop(
         max_depth=k,
         greedy=greedy,
         random_init=random_init,
-        with_feature=True,
+        last_feature="final",
     )
     live = ~st.done
     feature = jnp.where(live[:, None], feat.astype(jnp.float32), st.extra.feature)

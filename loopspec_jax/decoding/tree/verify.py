@@ -27,7 +27,7 @@ Verification (`verify_round`):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax.struct
 import jax
@@ -160,7 +160,8 @@ def tree_pass(params, cache, layout, tree: Tree, anc, p0, readouts: tuple, cfg: 
   KV, D] per run of steps between readouts] (kept apart: a concatenation would copy them),
   "coda": {index: (k, v) [Lcd, B, K, KV, D]}}, the last float output (orders the writes after the reads)).
   `features` (a drafter's readout, e.g. EAGLE's): "hidden" (the final hidden state at R, before the final
-  norm), "final" (after it: what the LM head reads, Medusa's input) and / or recurrent depths whose states s_d to return; entries["features"] holds them [B, K, E] each."""
+  norm), "final" (after it: what the LM head reads, Medusa's input) and / or recurrent depths whose states s_d to return; entries["features"] holds them [B, K, E] each.
+  """
   b, k = tree.tokens.shape
   t = cache.length
   pos = p0[:, None] + tree.depth
@@ -245,19 +246,20 @@ def verify_round(
     greedy: bool,
     random_init: bool,
     features: tuple = (),
-    with_feature: bool = False,
+    last_feature: Optional[str] = None,
 ):
   """Verify one tree per request (`params` in the decode form), write the accepted path, commit, count.
 
   Returns (state, y [B, K] the target's draw after every node, n_committed [B]) (a drafter may learn from y:
   lookahead's Jacobi update). With `features` (see `tree_pass`) a fourth item: the accepted path's features
   [B, max_depth + 1, E * len(features)] (node path[:, d] at depth d, in the order of `features`; rows past
-  n_acc are the root's). With `with_feature`, a last item: the "final" feature [B, E] of the last accepted
-  node, whose LM-head draw is the round's bonus token (Medusa's heads read it)."""
+  n_acc are the root's). With `last_feature` ("final": Medusa's input, "hidden":
+  an MTP head's), a last item: that feature [B, E] of the last accepted node, whose LM-head draw is the
+  round's bonus token."""
   p0 = st.length - 1
   tree, anc = normalize(tree, max_depth)
   noise = common.state_noise(sp, p0[:, None] + tree.depth, cfg) if random_init else None
-  wanted = tuple(features) + (("final",) if with_feature and "final" not in features else ())
+  wanted = tuple(features) + ((last_feature,) if last_feature and last_feature not in features else ())
   logits, entries, after = tree_pass(params, st.cache, layout, tree, anc, p0, readouts, cfg, noise, wanted)
   y = target_draws(logits, tree, p0, sp, greedy)
   n_acc, path, nxt = accept(tree, anc, y, max_depth)
@@ -272,9 +274,9 @@ def verify_round(
   if features:
     feats = jnp.concatenate([entries["features"][f] for f in features], axis=-1)  # [B, K, F]
     out += (jnp.take_along_axis(feats, path[:, :, None], axis=1),)
-  if with_feature:
+  if last_feature:
     last = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [B, 1]
-    out += (jnp.take_along_axis(entries["features"]["final"], last[:, :, None], axis=1)[:, 0],)
+    out += (jnp.take_along_axis(entries["features"][last_feature], last[:, :, None], axis=1)[:, 0],)
   return out
 
 

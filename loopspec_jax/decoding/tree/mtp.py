@@ -1,0 +1,221 @@
+"""MTP drafting (DeepSeek-V3's multi-token-prediction module as the drafter), verified by the one tree verifier.
+
+The target was trained with one MTP module (loopspec_jax/heads/mtp.py): from the depth-R feature h_i behind a
+token and the embedding of the token t_{i+1} it predicts t_{i+2}. After each verify pass the verifier hands back
+the feature of the last accepted node (`verify_round(..., last_feature="hidden")`), whose draw is the token just emitted
+(the next round's root). One round per request:
+1. level 1: MTP(feature of the root's parent, root) -> its top-`branch` tokens, children of the root;
+2. level j = 2..gamma (optional; the module was trained for one level only): the module runs again on its own
+   output h' as the feature and the top-1 token of level j - 1, its top-`branch` tokens children of that top-1
+   node (a top-1 spine with siblings, 1 + gamma * branch nodes);
+3. the tree goes to `tree/verify.py`: one full-depth pass, AR's draws at every node, the accepted path written.
+Drafts are deterministic (top-k of a function of the committed prefix), so greedy output equals AR's and sampled
+output is token-identical to AR's for the same seed. In the first round there is no feature yet (prefill does
+not keep one): its drafts are marked invalid and the round emits one token, as AR does.
+Draft cost per round: gamma runs of one block and the LM head on one row, against the verify pass's
+(1 + gamma * branch) rows through prelude, R core steps and the coda.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding import adaptive
+from loopspec_jax.decoding import common
+from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import verify as tv
+from loopspec_jax.heads import artefact
+from loopspec_jax.heads import mtp as head
+from loopspec_jax.models import kvcache
+from loopspec_jax.models import looped as M
+
+DEFAULTS = {"gamma": 1, "branch": 1}
+
+
+def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, branch: int) -> tv.Tree:
+  """The round's tree [B, 1 + gamma * branch] (module docstring); feature [B, E], has [B] bool, root [B]."""
+  b = root.shape[0]
+  toks, parents, depths = [root[:, None]], [jnp.zeros((b, 1), jnp.int32)], [jnp.zeros((b, 1), jnp.int32)]
+  f, x = feature[:, None, :].astype(jnp.dtype(cfg.dtype)), root[:, None]
+  for lvl in range(gamma):
+    h = head.hidden(mp, params, f, x, cfg)  # [B, 1, E]
+    lg = head.readout(mp, params, h, cfg)
+    top = jax.lax.top_k(lg[:, 0], branch)[1].astype(jnp.int32)  # [B, branch]
+    parent = 0 if lvl == 0 else 1 + (lvl - 1) * branch  # the previous level's top-1 node
+    toks.append(top)
+    parents.append(jnp.full((b, branch), parent, jnp.int32))
+    depths.append(jnp.full((b, branch), lvl + 1, jnp.int32))
+    f, x = h, top[:, :1]
+  cat = lambda xs: jnp.concatenate(xs, axis=1)
+  n = gamma * branch
+  valid = jnp.concatenate([jnp.ones((b, 1), bool), jnp.broadcast_to(has[:, None], (b, n))], axis=1)
+  return tv.Tree(tokens=cat(toks), parent=cat(parents), depth=cat(depths), valid=valid)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "gamma", "branch", "greedy", "random_init"), donate_argnames=("state",)
+)
+def decode_loop(
+    params,
+    state: tv.TreeState,
+    sp: common.SamplingParams,
+    mparams,
+    *,
+    cfg: ModelConfig,
+    gamma: int,
+    branch: int,
+    greedy: bool,
+    random_init: bool,
+):
+  """Rounds of (MTP drafts from the last accepted feature, one full-depth verify pass) until all are done."""
+  params = M.prepare_params(params, cfg)
+  layout = kvcache.CacheLayout.of(cfg, 1)
+
+  def round_(st: tv.TreeState) -> tv.TreeState:
+    b = st.tokens.shape[0]
+    p0 = st.length - 1
+    root = st.tokens[jnp.arange(b), p0]
+    feature, has = st.extra
+    tree = draft_tree(mparams, params, feature, has, root, cfg=cfg, gamma=gamma, branch=branch)
+    new, _, _, feat = tv.verify_round(
+        params,
+        st,
+        sp,
+        tree,
+        cfg=cfg,
+        layout=layout,
+        readouts=((cfg.recurrence, 0),),
+        max_depth=gamma,
+        greedy=greedy,
+        random_init=random_init,
+        last_feature="hidden",
+    )
+    live = ~st.done
+    return new.replace(extra=(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
+
+  return common.loop_until_done(round_, state, sp)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
+  del sp
+  b = tokens.shape[0]
+  extra = (jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
+  return tv.fresh_state(cache, tokens, lengths, extra)
+
+
+def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, branch: int):
+  r = cfg.recurrence
+  coda = cfg.n_coda if cfg.is_raven else 0
+  return common.DecodeStats.of_loop(
+      "mtp",
+      st,
+      r,
+      settings={
+          "recurrence": r,
+          "gamma": gamma,
+          "branch": branch,
+          "draft_layer_calls": gamma,  # one block (and the LM head) per level, one row
+          "verify_layer_calls": (1 + gamma * branch) * adaptive.layer_calls(cfg, r, coda=bool(coda)),
+      },
+      per_request={
+          "rounds": st.rounds,
+          "accepted": st.accepted,
+          "nodes": st.nodes,
+          "first": st.accepted,
+          "restart": st.n_new - st.accepted,
+      },
+  )
+
+
+def resolve(cfg: ModelConfig, gamma, branch) -> dict:
+  """The settings with defaults filled in, or a ValueError naming the bad one (before compiling)."""
+  env = {k: DEFAULTS[k] if v is None else v for k, v in dict(gamma=gamma, branch=branch).items()}
+  for k, v in env.items():
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ValueError(f"method='mtp' needs an integer {k}, got {v!r}")
+  if not 1 <= env["gamma"] <= min(16, cfg.max_len - 1):
+    raise ValueError(f"method='mtp' needs 1 <= gamma <= {min(16, cfg.max_len - 1)}, got {env['gamma']}")
+  if not 1 <= env["branch"] <= min(cfg.vocab_size, 64):
+    raise ValueError(f"method='mtp' needs 1 <= branch <= {min(cfg.vocab_size, 64)}, got {env['branch']}")
+  return env
+
+
+def check_heads(heads, model) -> None:
+  """ValueError unless `heads` is an MTP head trained for `model` (signature and parameter shapes)."""
+  if heads is None:
+    raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
+  artefact.check_target(heads, model)
+  if heads.kind != head.KIND:
+    raise ValueError(f"method='mtp' needs an 'mtp' head, got a {heads.kind!r} head ({heads.source})")
+  want = jax.tree_util.tree_map(lambda x: tuple(x.shape), head.init_params_abstract(model.config))
+  got = jax.tree_util.tree_map(lambda x: tuple(x.shape), heads.params)
+  if want != got:
+    raise ValueError(f"the MTP head's parameter shapes do not fit the target's blocks: {got} vs {want}")
+
+
+def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, **settings) -> common.Decoder:
+  env = resolve(cfg, **settings)
+  return common.Decoder(
+      name="mtp",
+      readout_depths=(cfg.recurrence,),
+      cache_group=1,
+      extra_positions=env["gamma"] + 1,
+      init=initial_state,
+      loop=decode_loop,
+      stats=functools.partial(summarize, cfg=cfg, **env),
+      init_kw={"cfg": cfg},
+      loop_kw=dict(env, mparams=heads.params, cfg=cfg, greedy=greedy, random_init=random_init),
+  )
+
+
+@functools.lru_cache(maxsize=None)
+def _load_heads(spec: str):
+  return artefact.load(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class MTP(Method):
+  """MTP drafting: the target's own DeepSeek-V3 MTP module (`heads`, kind 'mtp') drafts top-`branch` tokens
+  for `gamma` levels (defaults 1 and 1: one draft per round) from the last accepted feature."""
+
+  name = "mtp"
+  positional = ("gamma", "branch")
+  heads: Any = dataclasses.field(default=None, compare=False)
+  gamma: Optional[int] = None
+  branch: Optional[int] = None
+
+  def __post_init__(self):
+    if isinstance(self.heads, str):  # a bundled head's name or a head directory (loaded once per process)
+      object.__setattr__(self, "heads", _load_heads(self.heads))
+
+  @property
+  def spec(self) -> str:
+    src = getattr(self.heads, "source", None)
+    args = ([f"heads={src}"] if src else []) + [f"{k}={v}" for k, v in self.args.items() if k != "heads"]
+    return "mtp" + (":" + ",".join(args) if args else "")
+
+  def validate(self, cfg: ModelConfig) -> None:
+    if self.heads is None:
+      raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
+    resolve(cfg, self.gamma, self.branch)
+
+  def check_target(self, model) -> None:
+    check_heads(self.heads, model)
+
+  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
+    return make_decoder(
+        cfg, greedy=greedy, random_init=random_init, heads=self.heads, gamma=self.gamma, branch=self.branch
+    )
+
+  @classmethod
+  def derived(cls, stats) -> dict:
+    out = tv.tree_figures(stats)
+    out["tokens_per_r_steps"] = out["tau"]
+    return out
