@@ -99,8 +99,9 @@ def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> Me
   tree = tv.Tree(tokens=tok, parent=one(0), depth=one(0), valid=one(True))
   anc = jnp.ones((b, 1, 1), bool)
   noise = common.state_noise(sp, p[:, None], cfg) if random_init else None
-  _, entries, _ = tv.tree_pass(params, st.cache, layout, tree, anc, p, ((cfg.recurrence, 0),), cfg, noise)
-  feat = jnp.where((st.length >= 2)[:, None], entries["feature"][:, 0].astype(jnp.float32), 0.0)
+  _, entries, _ = tv.tree_pass(params, st.cache, layout, tree, anc, p, ((cfg.recurrence, 0),), cfg, noise, ("final",))
+  final = entries["features"]["final"][:, 0].astype(jnp.float32)
+  feat = jnp.where((st.length >= 2)[:, None], final, 0.0)
   ex = st.extra
   return MedusaState(feature=jnp.where(ex.ready[:, None], ex.feature, feat), ready=jnp.ones_like(ex.ready))
 
