@@ -60,7 +60,9 @@ def test_greedy_equals_ar_with_random_heads(spec, contraction):
   assert got.stats["rounds"] < sum(len(t) for t in want) and got.stats["tau"] >= 1.0
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0, top_k=20), dict(temperature=0.8, top_p=0.9)])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=1.0, top_k=20), pytest.param(dict(temperature=0.8, top_p=0.9), marks=pytest.mark.slow)]
+)
 def test_sampled_equals_ar_and_compiles_once(kw):
   """Four seeded calls (other prompts, lengths, request ids, seeds) compile the loop once; tokens are AR's."""
   model = tiny_model("huginn:tiny", 0.05)
@@ -119,6 +121,7 @@ def test_bundled_card_accuracy_is_reproduced_on_held_out_windows():
 
 
 @bundled
+@pytest.mark.slow
 def test_bundled_greedy_equals_ar_on_tiny_raven():
   model = lj.load("tiny-raven")
   prompts = [model.encode("ROMEO:\nWhat light"), model.encode("Question: Tom has 3 apples")]
