@@ -14,6 +14,7 @@ import pytest
 import helpers
 from helpers import MAX_NEW, PROMPTS, tiny_model
 import loopspec_jax as lj
+from loopspec_jax import methods
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import medusa as dm
 from loopspec_jax.heads import artefact
@@ -105,6 +106,14 @@ def test_artefact_round_trip(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 NAME = "tiny-raven-medusa"
 bundled = pytest.mark.skipif(NAME not in lj.bundled_heads(), reason="tiny-raven-medusa not bundled")
+
+
+@bundled
+def test_spec_names_the_bundled_head_and_round_trips():
+  m = methods.parse(f"medusa:heads={NAME},tree_nodes=16")
+  assert m.spec == f"medusa:heads={NAME},tree_nodes=16" and m.label == "medusa(tree_nodes=16)"
+  assert m.heads.kind == "medusa" and methods.parse(m.spec).heads.source == m.heads.source
+  assert methods.parse(f"medusa:{NAME},8,2").tree_nodes == 8
 
 
 @bundled
