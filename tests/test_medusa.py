@@ -40,7 +40,8 @@ def test_tree_takes_each_heads_top_tokens_and_is_closed_under_ancestors():
   model = tiny_model("huginn:tiny", 0.05)
   heads = random_heads(model, k=3)
   feat = jax.random.normal(jax.random.PRNGKey(0), (2, model.config.hidden_size))
-  tree = dm.build_tree(heads.params, feat, jnp.asarray([5, 6]), branch=3, tree_nodes=10)
+  build = jax.jit(dm.build_tree, static_argnames=("branch", "tree_nodes"))
+  tree = build(heads.params, feat, jnp.asarray([5, 6]), branch=3, tree_nodes=10)
   top = np.asarray(jax.lax.top_k(hm.head_logits(heads.params, feat), 3)[1])  # [B, k, 3]
   assert tree.tokens.shape == (2, 11) and tree.tokens[:, 0].tolist() == [5, 6]
   for b in range(2):
