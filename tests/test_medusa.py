@@ -14,6 +14,7 @@ import pytest
 import helpers
 from helpers import MAX_NEW, PROMPTS, tiny_model
 import loopspec_jax as lj
+from loopspec_jax import methods
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import medusa as dm
 from loopspec_jax.heads import artefact
@@ -39,7 +40,8 @@ def test_tree_takes_each_heads_top_tokens_and_is_closed_under_ancestors():
   model = tiny_model("huginn:tiny", 0.05)
   heads = random_heads(model, k=3)
   feat = jax.random.normal(jax.random.PRNGKey(0), (2, model.config.hidden_size))
-  tree = dm.build_tree(heads.params, feat, jnp.asarray([5, 6]), branch=3, tree_nodes=10)
+  build = jax.jit(dm.build_tree, static_argnames=("branch", "tree_nodes"))
+  tree = build(heads.params, feat, jnp.asarray([5, 6]), branch=3, tree_nodes=10)
   top = np.asarray(jax.lax.top_k(hm.head_logits(heads.params, feat), 3)[1])  # [B, k, 3]
   assert tree.tokens.shape == (2, 11) and tree.tokens[:, 0].tolist() == [5, 6]
   for b in range(2):
@@ -60,7 +62,9 @@ def test_greedy_equals_ar_with_random_heads(spec, contraction):
   assert got.stats["rounds"] < sum(len(t) for t in want) and got.stats["tau"] >= 1.0
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0, top_k=20), dict(temperature=0.8, top_p=0.9)])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=1.0, top_k=20), pytest.param(dict(temperature=0.8, top_p=0.9), marks=pytest.mark.slow)]
+)
 def test_sampled_equals_ar_and_compiles_once(kw):
   """Four seeded calls (other prompts, lengths, request ids, seeds) compile the loop once; tokens are AR's."""
   model = tiny_model("huginn:tiny", 0.05)
@@ -106,6 +110,14 @@ bundled = pytest.mark.skipif(NAME not in lj.bundled_heads(), reason="tiny-raven-
 
 
 @bundled
+def test_spec_names_the_bundled_head_and_round_trips():
+  m = methods.parse(f"medusa:heads={NAME},tree_nodes=16")
+  assert m.spec == f"medusa:heads={NAME},tree_nodes=16" and m.label == "medusa(tree_nodes=16)"
+  assert m.heads.kind == "medusa" and methods.parse(m.spec).heads.source == m.heads.source
+  assert methods.parse(f"medusa:{NAME},8,2").tree_nodes == 8
+
+
+@bundled
 def test_bundled_card_accuracy_is_reproduced_on_held_out_windows():
   heads, model = lj.load_heads(NAME), lj.load("tiny-raven")
   with open(os.path.join(artefact.ASSETS, NAME, "eval.json")) as f:
@@ -119,6 +131,7 @@ def test_bundled_card_accuracy_is_reproduced_on_held_out_windows():
 
 
 @bundled
+@pytest.mark.slow
 def test_bundled_greedy_equals_ar_on_tiny_raven():
   model = lj.load("tiny-raven")
   prompts = [model.encode("ROMEO:\nWhat light"), model.encode("Question: Tom has 3 apples")]

@@ -86,6 +86,8 @@ def test_wheel_contents(wheel):
       "loopspec_jax/data/tinyshakespeare/heldout.jsonl",
       "loopspec_jax/tasks/loopspec_gsm8k_cot.yaml",
       "loopspec_jax/assets/models/tiny-raven/loopspec_config.json",
+      "loopspec_jax/assets/heads/tiny-raven-medusa/heads_config.json",
+      "loopspec_jax/assets/heads/tiny-raven-medusa/params/manifest.ocdbt",
   ):
     assert expected in names, expected
   tops = {n.split("/")[0] for n in names}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 from typing import Optional, Union
 
 import flax.struct
@@ -269,6 +270,8 @@ class Medusa(Method):
   @property
   def spec(self) -> str:
     src = getattr(self.heads, "source", None)
+    if src and os.path.dirname(src) == os.path.abspath(artefact.ASSETS):
+      src = os.path.basename(src)  # a bundled head by its name
     args = [f"heads={src}"] if src else []
     args += [f"{k}={getattr(self, k)}" for k in ("tree_nodes", "branch") if getattr(self, k) is not None]
     return "medusa" + (":" + ",".join(args) if args else "")
