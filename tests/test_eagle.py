@@ -113,6 +113,7 @@ def _bundled():
   return lj.load("tiny-raven"), lj.load_heads("tiny-raven-eagle")
 
 
+@pytest.mark.slow  # about 3 minutes on the loaded 2-core host (a 32-step forward of two windows, eager head)
 def test_bundled_card_accuracy_is_reproduced_on_heldout_windows():
   """The card's per-level held-out top-1 accuracy on its first few held-out windows (eval.json "check")."""
   from loopspec_jax.train import data as D
