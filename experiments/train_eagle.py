@@ -131,7 +131,7 @@ the held-out Shakespeare tail (`eval_windows`, never trained on by the target or
   next position (weight 0.1); teacher features perturbed by uniform noise U(-{half_noise}, {half_noise});
   unrolled {unroll} steps (steps after the first read the head's own fed-back output, as drafting does).
 - {steps} steps x batch {batch} x {crop} tokens; AdamW lr {lr} (warmup, cosine to 10%), clip 1.0, seed 0.
-- Command: `{command}` (both feature choices in one run; {train_seconds:.0f} s of training wall for this
+- Command: `{command}` (the other feature: the same with `--features <it>`; {train_seconds:.0f} s of training wall for this
   head under `nice -n 10` on a 2-vCPU AMD EPYC VM loaded by other jobs, plus the feature recording).
 
 ## Held-out top-1 accuracy per draft level

@@ -25,11 +25,10 @@ from loopspec_jax.experiments import bench
 
 
 def methods(args) -> dict:
-  out = {
-      "ar": ("ar", {}),
-      "chain:d1=2,gamma=6": ("chain:d1=2,gamma=6", {}),
-      "tree:d1=2,gamma=6,branch=4,tree_nodes=32": ("tree:d1=2,gamma=6,branch=4,tree_nodes=32", {}),
-  }
+  out = {"ar": ("ar", {})}
+  if not args.no_baselines:
+    out["chain:d1=2,gamma=6"] = ("chain:d1=2,gamma=6", {})
+    out["tree:d1=2,gamma=6,branch=4,tree_nodes=32"] = ("tree:d1=2,gamma=6,branch=4,tree_nodes=32", {})
   for feature in ("final", "fused"):
     path = getattr(args, feature)
     if path:
@@ -76,11 +75,11 @@ def run_task(model, task, prompts, new, repeats, specs, log):
 
 
 def table(rows) -> str:
-  head = "| task | method | tau | accepted/pass | nodes/pass | draft share | decode s (median) | speed vs AR | = AR |"
-  lines = [head, "|" + "---|" * 9]
+  head = "| task | run | method | tau | accepted/pass | nodes/pass | draft share | decode s (median) | speed vs AR | = AR |"
+  lines = [head, "|" + "---|" * 10]
   for r in rows:
     lines.append(
-        f"| {r['task']} | {r['method']} | {r['tau']:.2f} | {r['accepted_per_pass']:.2f} | {r['nodes_per_pass']:.1f} | "
+        f"| {r['task']} | {r.get('run', '')} | {r['method']} | {r['tau']:.2f} | {r['accepted_per_pass']:.2f} | {r['nodes_per_pass']:.1f} | "
         f"{r['draft_cost_share']:.3f} | {r['decode_seconds_median']:.2f} | {r['speed_vs_ar_median']:.2f}x | "
         f"{'yes' if r['identical_to_ar'] else 'no'} |"
     )
@@ -108,6 +107,8 @@ def main():
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--new", type=int, default=96)
   ap.add_argument("--num", type=int, default=8)
+  ap.add_argument("--no_baselines", action="store_true", help="only AR and the given heads")
+  ap.add_argument("--tag", default="all", help="this invocation's results file: results_<tag>.json")
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   logf = open(os.path.join(args.out, "log.txt"), "a")
@@ -124,8 +125,14 @@ def main():
   for task in ("gsm8k", "shakespeare"):
     prompts = bench.load_prompt_set(task, model, args.num, 0, 0)
     rows += run_task(model, task, prompts, args.new, args.repeats, specs, log)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with open(os.path.join(args.out, f"results_{args.tag}.json"), "w") as f:
       json.dump(rows, f, indent=1)
+  rows = []  # the table: every invocation's rows in this directory (each with its own AR for the speed ratio)
+  for name in sorted(os.listdir(args.out)):
+    if name.startswith("results_") and name.endswith(".json"):
+      with open(os.path.join(args.out, name)) as f:
+        rows += [dict(r, run=name[8:-5]) for r in json.load(f)]
+  rows.sort(key=lambda r: (r["task"], r["method"] != "ar", r["run"]))
   text = table(rows)
   with open(os.path.join(args.out, "table.md"), "w") as f:
     f.write(text)
