@@ -10,11 +10,12 @@ commit sources and gate-open rate.
   loopspec-bench                                          # configs/bench/default.py
   loopspec-bench --config=bench/bundled.py:quick          # a config of configs/, a preset
   python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
-  loopspec-bench --config=bench/bundled.py:baselines     # + draft model, prompt lookup, gamma=auto
+  loopspec-bench --config=bench/bundled.py:baselines     # + draft model, prompt lookup, gamma=auto, trees
 
 Method specs are 'name:arg=value,...': integers, 'none', 'auto' (gamma) and, for draft_model, a bundled
-model name or checkpoint directory (loaded once). With `table = 'baselines'` the report adds tokens per
-verify pass, acceptance and draft cost share (the speculative baselines' columns).
+model name or checkpoint directory (loaded once). With `table = 'baselines'` the report adds tau (tokens per
+full-depth verify pass), acceptance and draft cost share (the speculative baselines' columns); the tree
+methods ('tree:...', 'chain:...,branch=4,tree_nodes=32', 'lookahead:...') are rows like any other.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def markdown_table(rows: list) -> str:
 def baselines_table(rows: list) -> str:
   """The speculative baselines side by side: one line per (model, task, sampling, method)."""
   head = (
-      "| model | task | sampling | method | tokens/pass | acceptance | mean gamma | draft cost share | mean acc. len "
+      "| model | task | sampling | method | tau (tokens/pass) | acceptance | mean gamma | draft cost share | mean acc. len "
       "| tok/s (decode) | ratio vs AR | per-prompt median / min | ms/tick | identical |"
   )
   fmt = lambda x, f="{:.2f}": "-" if x is None else f.format(x)

@@ -82,9 +82,33 @@ def measure(cfg: ModelConfig, method, c) -> dict:
   return row, step
 
 
+def measured_taus(settings) -> list:
+  """[(Method, tau)]: the tokens per verify pass measured for methods of this model's settings, read from the
+  rows of `tau_results` (a JSON list of {task, sampling, method spec, tau}, e.g. results/trees/*/results.json)
+  of task `tau_task` and sampling `tau_sampling`; none when the settings name no file."""
+  path = settings.get("tau_results") or ""
+  if not path:
+    return []
+  with open(path) as f:
+    rows = json.load(f)
+  task, samp = settings.get("tau_task", "gsm8k"), settings.get("tau_sampling", "greedy")
+  return [(methods_lib.parse(r["method"]), r["tau"]) for r in rows if (r["task"], r["sampling"]) == (task, samp)]
+
+
+def _tau_of(method, taus: list):
+  """The measured tau of `method` (chain with branch > 1 is the tree it delegates to), or None."""
+  tree = method.as_tree() if isinstance(method, methods_lib.Chain) else None
+  for m, tau in taus:
+    if m == method or (tree is not None and m == tree):
+      return tau
+  return None
+
+
 def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
-  """Rows of every method of one model at one context, with projections and ratios against the first (AR)."""
+  """Rows of every method of one model at one context, with projections and ratios against the first (AR).
+  Tree methods (one verify pass per iteration) are projected at their measured tau (`measured_taus`)."""
   cfg = resolve_model(settings.spec, c.dtype, context)
+  taus = measured_taus(settings)
   rows = []
   for spec in settings.methods:
     method = methods_lib.parse(spec)
@@ -97,11 +121,13 @@ def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
       logging.error("%s %s failed to compile or analyse: %r", label, spec, e)
       rows.append({"model": label, "context": context, "method": method.label, "name": name, "error": repr(e)})
       continue
-    per_iter = cost.tokens_per_iteration(name, cfg, settings.gamma, kw)
+    tau = _tau_of(method, taus) if name != "ar" else None
+    per_iter = cost.tokens_per_iteration(name, cfg, settings.gamma, kw, tau)
     row.update(
         model=label,
         context=context,
         gamma=settings.gamma,
+        tau_measured=tau,
         tokens_per_iteration=per_iter,
         tokens_per_second=cost.project(step, per_iter, accels, c.op_overhead_s, c.batch),
     )
@@ -121,7 +147,7 @@ def _num(x: float) -> str:
 
 def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
   """The markdown table of the report plus one LoopSpec check line per LoopSpec row."""
-  heads = ["model", "ctx", "method", "ops", "GFLOP", "GB weights", "GB KV", "GB copies", "GB other"]
+  heads = ["model", "ctx", "method", "ops", "GFLOP", "GB weights", "GB KV", "GB copies", "GB other", "tok/iter"]
   heads += [f"tok/s {accels[a]['label']}" for a in accels] + [f"x AR ({accels[ratio_acc]['label']})"]
   lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
   checks = []
@@ -132,6 +158,7 @@ def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
     b = r["bytes"]
     cells = [r["model"], str(r["context"]), r["method"], f"{r['ops']:.0f}", _num(r["flops"] / GB)]
     cells += [_num(b[k] / GB) for k in ("weights", "kv", "copies", "other")]
+    cells += [f"{r['tokens_per_iteration']:.2f}" + ("*" if r.get("tau_measured") is not None else "")]
     cells += [_num(r["tokens_per_second"][a]) for a in accels] + [f"{r['ratio_vs_ar'][ratio_acc]:.2f}"]
     lines.append("| " + " | ".join(cells) + " |")
     if r["name"] == "loopspec":
@@ -141,6 +168,15 @@ def format_table(rows: list, accels: dict, ratio_acc: str) -> str:
           f"{_num(r['lane_kv_bytes'] / GB)} GB per lane) = {r['kv_ratio']:.2f}; "
           f"tokens/tick {r['tokens_per_iteration']:.3f} at gamma {r['gamma']}"
       )
+    elif r.get("tau_measured") is not None or r["name"] == "tree" or r["kw"].get("branch", 1) > 1:  # a tree
+      src = f"tau {r['tau_measured']:.2f} measured" if r.get("tau_measured") is not None else "chain's bound"
+      checks.append(
+          f"{r['model']} ctx {r['context']} {r['method']}: {r['loop_carried_copies']:.0f} loop-carried copies, "
+          f"{r['cache_sized_copies']:.0f} cache-sized copies per verify pass; tokens/pass "
+          f"{r['tokens_per_iteration']:.2f} ({src})"
+      )
+  if any(r.get("tau_measured") is not None for r in rows):
+    checks.append("tok/iter *: a measured tau (tokens per verify pass, the settings' tau_results)")
   return "\n".join(lines + [""] + checks)
 
 

@@ -56,7 +56,7 @@ def loopspec_grid(cfg, r: int) -> List[Tuple[int, Optional[int]]]:
 
 def method_specs(cfg, r: int, drafter=None) -> List[methods.Method]:
   """The method of every row but AR: the LoopSpec grid (at the config's `lane_capacity`), chain, the draft
-  model and prompt lookup.
+  model, prompt lookup and the config's `extra_methods` (';'-separated specs: tree, lookahead, ...).
 
   A draft row's `Method` holds `drafter` (the loaded draft model; None where only labels or grid
   coordinates are needed, e.g. the projection); its label names the drafter by the config's `draft_model`."""
@@ -68,6 +68,8 @@ def method_specs(cfg, r: int, drafter=None) -> List[methods.Method]:
     specs += [methods.Draft(draft_model=drafter, gamma=g) for g in gammas(cfg.draft_gammas)]
   if cfg.get("lookup_ngram"):
     specs += [methods.Lookup(ngram=int(cfg.lookup_ngram), gamma=g) for g in gammas(cfg.lookup_gammas)]
+  if cfg.get("extra_methods"):  # any further rows by spec: the tree methods ('tree:...', 'lookahead:...')
+    specs += methods.parse_list(cfg.extra_methods)
   return specs
 
 

@@ -115,10 +115,11 @@ def baselines_markdown(grp: List[dict]) -> List[str]:
       "|" + "---|" * 11,
   ]
   for x in sorted(grp, key=_method_order):
-    m, separate = x["method"], sweep_grid.is_separate_drafter(x["method"])
+    m, separate, tree = x["method"], sweep_grid.is_separate_drafter(x["method"]), x.get("tau") is not None
     tpr = 1.0 if m == "ar" else x.get("tokens_per_round")
     drafts = x.get("mean_gamma") if separate else (x["draft_len"] if m == "chain" else None)
-    share = x.get("draft_cost_share") if separate else None
+    drafts = x.get("nodes_per_pass") if tree else drafts  # a tree: draft nodes verified per pass
+    share = x.get("draft_cost_share") if separate or tree else None
     out.append(
         f"| {_method_cell(x)} | {_f(tpr)} | {_f(x.get('acceptance_rate'), '.3f')} | {_f(x.get('alpha'), '.3f')} | "
         f"{_f(drafts)} | {_f(share, '.3f')} | {_gamma(x)} | {x['wall_clock_ratio']:.2f}x | "
@@ -136,7 +137,7 @@ def summary_markdown(rows: List[dict], preds: dict) -> str:
     grp = [x for x in rows if (x["task"], x["sampling"]) == (task, samp)]
     pred = preds.get((task, samp))
     out += _group_head(grp, task, samp, pred)
-    if any(sweep_grid.is_separate_drafter(x["method"]) for x in grp):  # only then: other sweeps' tables stay
+    if any(sweep_grid.is_separate_drafter(x["method"]) or x.get("tau") is not None for x in grp):  # only then
       out += baselines_markdown(grp)
     ls = [x for x in grp if x["method"] == "loopspec"]
     if ls:

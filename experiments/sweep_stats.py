@@ -144,6 +144,9 @@ def make_row(
     row["draft_cost_share"] = agg["draft_cost_share"]
     row["draft_model"] = drafter  # the config's name (None for lookup)
     row["ngram"] = getattr(m, "ngram", None)
+  if "tau" in agg and not m.separate_drafter:  # a tree method (tree/verify.py's figures): per verify pass
+    for k in ("rounds", "tau", "tokens_per_round", "acceptance_rate", "nodes_per_pass", "draft_cost_share"):
+      row[k] = agg[k]
   return row
 
 

@@ -84,17 +84,6 @@ _forward_depths = jax.jit(
 )
 
 
-def _check_depth(spec, decoder, cfg) -> None:
-  """A round verifies drafts up to `extra_positions - 1` positions past the committed prefix (a tree's depth, a
-  chain's gamma, a lookahead window): deeper than the model's context is refused before compiling."""
-  deepest = decoder.extra_positions - 1
-  if deepest >= cfg.max_len:
-    raise ValueError(
-        f"method {spec.label} verifies drafts up to {deepest} positions ahead, too deep for the model's context "
-        f"of {cfg.max_len} positions"
-    )
-
-
 def _check_shardable(spec, decoder) -> None:
   """A method runs on a mesh only through declared sharded entry points (parallel/sharding.py)."""
   if not all(sharding.entry_name(f) in sharding.ENTRY_POINTS for f in (decoder.init, decoder.loop)):
@@ -162,7 +151,7 @@ def generate(
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
   decoder = spec.make_decoder(cfg, greedy=greedy, random_init=random_init)
-  _check_depth(spec, decoder, cfg)
+  common.validate_depth(decoder, cfg, spec.label)
   n_real = len(prompts)
   if mesh is not None:
     _check_shardable(spec, decoder)

@@ -106,6 +106,37 @@ def test_loopspec_accuracy_and_responses_equal_ar(gsm8k_runs, model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "kw",
+    [dict(method="chain", d1="1", gamma="3", branch="2", tree_nodes="6"), dict(method="lookahead:3,3,3")],
+    ids=["chain-tree", "lookahead"],
+)
+def test_tree_methods_responses_equal_ar(gsm8k_runs, model, offline_tm, kw):
+  """The tree methods by name and model arguments (strings, as --model_args gives them): greedy responses equal
+  AR's; the stats are the tree verifier's (tau, tokens per verify pass)."""
+  lm = backend.LoopSpecLM(model=model, batch_size=2, **kw)
+  res = harness(lm, [GSM8K], offline_tm, gen_kwargs=GEN_KWARGS)
+  resps = lambda r: [s["resps"] for s in per_doc(r["samples"][GSM8K])]
+  assert resps(res) == resps(gsm8k_runs["ar"][0])
+  s = lm.speed_stats(GSM8K)
+  assert s["tau"] == s["tokens"] / s["rounds"] and s["tokens"] == gsm8k_runs["ar"][1].speed_stats(GSM8K)["tokens"]
+
+
+def test_tree_methods_by_name_are_validated_before_decoding(model, monkeypatch):
+  monkeypatch.setattr(loopspec_jax, "generate", lambda *a, **k: pytest.fail("decoded before validating"))
+  lm = backend.LoopSpecLM(model=model, method="chain", d1="1", gamma="3", branch="2", tree_nodes="6")
+  assert lm.method.as_tree() == loopspec_jax.TreeSelf(d1=1, gamma=3, branch=2, tree_nodes=6)
+  lm = backend.LoopSpecLM(model=model, method="lookahead", window="3", guesses="2")
+  assert lm.method == loopspec_jax.Lookahead(window=3, guesses=2)
+  with pytest.raises(ValueError, match="1 <= branch"):
+    backend.LoopSpecLM(model=model, method="tree", branch="0")
+  with pytest.raises(ValueError, match="tree_nodes >= gamma=4"):
+    backend.LoopSpecLM(model=model, method="chain:d1=1,gamma=4", branch=2, tree_nodes=3)
+  with pytest.raises(ValueError, match="2 <= ngram <= 16"):
+    backend.LoopSpecLM(model=model, method="lookahead", ngram="1")
+
+
+@pytest.mark.slow
 def test_sampled_generation_is_reproducible_and_batch_independent(model):
   """do_sample: request ids are stable per (task, doc, repeat), so batching does not change the samples."""
   kw = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0, "top_p": 0.9}

@@ -19,10 +19,13 @@ from loopspec_jax.decoding import autoregressive
 from loopspec_jax.decoding import chain
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.loopspec import tick
+from loopspec_jax.decoding.tree import lookahead
+from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.serving import engine as E
 
 SPEC = "huginn:tiny"  # R = 8
-METHODS = {"ar": {}, "chain": dict(d1=2, gamma=3), "loopspec": dict(d1=2, d2=4)}
+TREE, LOOKAHEAD = "tree:d1=1,gamma=3,branch=2,tree_nodes=6", "lookahead:window=3,ngram=3,guesses=3"
+METHODS = {"ar": {}, "chain": dict(d1=2, gamma=3), "loopspec": dict(d1=2, d2=4), TREE: {}, LOOKAHEAD: {}}
 MAX_LEN = 32  # the context of solo generate's bucket too: the engine reuses its prefill programs
 
 
@@ -62,12 +65,15 @@ def run_staggered(engine: E.Engine, reqs: list) -> list:
 
 
 @pytest.mark.parametrize(
-    "method", [pytest.param("ar", marks=pytest.mark.slow), pytest.param("chain", marks=pytest.mark.slow), "loopspec"]
+    "method",
+    [pytest.param(m, marks=pytest.mark.slow) for m in ("ar", "chain", TREE, LOOKAHEAD)] + ["loopspec"],
+    ids=["ar", "chain", "tree", "lookahead", "loopspec"],
 )
 def test_continuous_batching_equals_solo_generate(method):
   model = helpers.tiny_model(SPEC)
   """Three decode-loop compiles per method (the engine's, generate's greedy and sampled): AR and chain are slow."""
-  loop_fn = {"ar": autoregressive.decode_loop, "chain": chain.decode_loop, "loopspec": tick.decode_loop}[method]
+  loop_fn = {"ar": autoregressive.decode_loop, "chain": chain.decode_loop, "loopspec": tick.decode_loop}
+  loop_fn = dict(loop_fn, **{TREE: self_spec.decode_loop, LOOKAHEAD: lookahead.decode_loop})[method]
   before = loop_fn._cache_size()
   inserts = E.insert_slot._cache_size()
   eng = E.Engine(
@@ -94,6 +100,8 @@ def test_continuous_batching_equals_solo_generate(method):
       "loopspec": lambda: theory.gamma_from_counts(
           r, kw["d1"], kw["d2"], n, m.count("second") + m.count("restart"), m.count("restart")
       ),
+      TREE: lambda: n / m.count("rounds"),  # tau: tokens per verify pass
+      LOOKAHEAD: lambda: n / m.count("rounds"),
   }[method]()
   assert eng.mean_accepted_length() == pytest.approx(want)
 
@@ -186,6 +194,12 @@ def test_engine_config_errors():
     E.Engine(model, E.EngineConfig(method="ar", max_len=1000))
   with pytest.raises(ValueError, match="slots"):
     E.Engine(model, E.EngineConfig(method="ar", slots=0))
+  with pytest.raises(ValueError, match="1 <= branch"):  # the tree methods' envelopes, before any compile
+    E.Engine(model, E.EngineConfig(method="tree:branch=0"))
+  with pytest.raises(ValueError, match="integer branch >= 1"):
+    E.Engine(model, E.EngineConfig(method="chain:d1=1,gamma=3,branch=0"))
+  with pytest.raises(ValueError, match="2 <= ngram <= 16"):
+    E.Engine(model, E.EngineConfig(method="lookahead:ngram=1"))
 
 
 def test_temperature_zero_rows_are_greedy_in_the_sampled_kernel():

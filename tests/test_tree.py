@@ -108,7 +108,6 @@ def test_compiled_loop_copies_no_cache_buffer():
   """The optimised HLO of the tree loop (huginn:tiny shapes): no copy whose shape is a cache buffer's, and no
   loop-carried copy (the cost model's check). The tree's entries live outside the cache until the path write."""
   cfg = tiny_model("huginn:tiny").config
-  cost.MAKE_DECODER.setdefault("tree", self_spec.make_decoder)
   d1, gamma, branch, nodes = FAMILIES["huginn:tiny"]["tree"]
   compiled = cost.compile_decode_loop(cfg, "tree", d1=d1, gamma=gamma, branch=branch, tree_nodes=nodes)
   step = cost.loop_cost(compiled)
@@ -170,4 +169,3 @@ def test_random_initial_state_matches_ar():
   want = run(name, FAMILIES[name]["contraction"], "ar", **kw)
   got = run(name, FAMILIES[name]["contraction"], spec(*FAMILIES[name]["tree"]), **kw)
   assert got.tokens == want.tokens, got.stats
-

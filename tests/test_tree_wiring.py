@@ -1,6 +1,7 @@
 """The tree methods everywhere the other methods are: `method="chain"` with `branch > 1` is tree
-self-speculation (and `branch=1` is the chain), and bad envelopes or trees too deep for the context are
-refused by `generate` before anything compiles.
+self-speculation (and `branch=1` is the chain); bad envelopes or trees too deep for the context are
+refused by `generate` before anything compiles; loopspec-bench's presets and table and the sweep's rows take
+them by spec (with tau, tokens per verify pass).
 
 The tree configuration is the one tests/test_tree.py runs on huginn:tiny (its compile is shared through
 jax's cache when both files run).
@@ -13,11 +14,21 @@ import pytest
 import helpers
 from helpers import MAX_NEW, tiny_model
 from loopspec_jax import methods
+from loopspec_jax.analysis import cost
+from loopspec_jax.configs.bench import bundled as bench_configs
+from loopspec_jax.configs.cost import default as cost_configs
 from loopspec_jax.configs.models import model_config
+from loopspec_jax.configs.sweeps import bundled as sweep_configs
 from loopspec_jax.decoding import chain
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import lookahead as la
+from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.decoding.tree import self_spec
+from loopspec_jax.experiments import bench
+from loopspec_jax.experiments import cost_report
+from loopspec_jax.experiments import sweep_grid
+from loopspec_jax.experiments import sweep_report
+from loopspec_jax.experiments import sweep_stats
 
 NAME, CONTRACTION = "huginn:tiny", 0.05
 ENV = dict(d1=1, gamma=3, branch=2, tree_nodes=6)
@@ -116,3 +127,69 @@ def test_trees_too_deep_for_the_context_rejected_before_compiling(method, match)
   small = dataclasses.replace(model, config=model.config.replace(max_len=12))
   args = dict(prompts=[[1, 2, 3]], max_new_tokens=4, method=method)
   helpers.assert_rejected_before_compiling(small, args, match, NEVER)
+
+
+# ---------------------------------------------------------------------------------------------------
+# loopspec-bench rows, the sweep's rows (no decoding: their methods and tables)
+# ---------------------------------------------------------------------------------------------------
+def _tree_stats(tokens=24, rounds=6, accepted=18, nodes=36) -> DecodeStats:
+  settings = dict(recurrence=32, d1=2, gamma=6, branch=4, tree_nodes=32, draft_layer_calls=10, verify_layer_calls=90)
+  per_request = {"tokens": [tokens], "rounds": [rounds], "accepted": [accepted], "nodes": [nodes]}
+  per_request.update(first=[accepted], restart=[tokens - accepted])
+  return DecodeStats("tree", settings, per_request, {"iterations": rounds, "decode_seconds": 0.5})
+
+
+def test_bench_presets_and_table_have_tree_rows_with_tau():
+  c = bench_configs.get_config("baselines")
+  specs = {m for ms in c.methods_by_model.values() for m in methods.parse_list(list(ms))}
+  assert methods.Chain(d1=2, gamma=6, branch=4, tree_nodes=32) in specs
+  assert methods.Lookahead(window=5, ngram=4, guesses=5) in specs and methods.TreeSelf(1, 3, 4, 16) in specs
+  quick = bench_configs.get_config("baselines_quick").methods_by_model["tiny-raven"]
+  assert {"tree:d1=2,gamma=6,branch=4,tree_nodes=32", "lookahead:window=5,ngram=4,guesses=5"} <= set(quick)
+  agg = _tree_stats().summary()
+  assert agg["tau"] == agg["tokens_per_pass"] == 4.0 and agg["mean_accepted_length"] == 4.0
+  row = dict(agg, model="tiny", task="gsm8k", sampling="greedy", method="tree(d1=2,gamma=6,branch=4,tree_nodes=32)")
+  row.update(decode_seconds_median=0.5, tokens_per_second_median=48.0, wall_clock_ratio_median=1.2)
+  row.update(prompt_ratio_median=1.2, prompt_ratio_min=1.1, identical_to_ar=True)
+  table = bench.baselines_table([row])
+  assert "tau (tokens/pass)" in table.splitlines()[0]
+  assert "| tree(d1=2,gamma=6,branch=4,tree_nodes=32) | 4.00 | 0.50 |" in table, table
+
+
+def test_sweep_takes_tree_rows_by_spec():
+  cfg = sweep_configs.get_config("tiny_raven_baselines")
+  specs = sweep_grid.method_specs(cfg, 32)
+  assert specs[-2:] == [methods.TreeSelf(2, 6, 4, 32), methods.Lookahead(window=5, ngram=4, guesses=5)]
+  assert sweep_grid.row_label(specs[-2]) == "tree(d1=2,gamma=6,branch=4,tree_nodes=32)"
+  ar_stats = DecodeStats("ar", {"recurrence": 32}, {"tokens": [24], "restart": [24]}, {"iterations": 24})
+  base = dict(model="tiny-raven", task="gsm8k", sampling="greedy")
+  ar = sweep_stats.make_row(base, methods.AR(), "ar", ar_stats.summary(), [1.0], 32, None, [[1, 2]], True)
+  m = specs[-2]
+  tree = sweep_stats.make_row(base, m, sweep_grid.row_label(m), _tree_stats().summary(), [0.5], 32, ar, [[1, 2]], True)
+  assert tree["tau"] == tree["tokens_per_round"] == 4.0 and tree["nodes_per_pass"] == 6.0, tree
+  assert tree["identical_to_ar"] and tree["wall_clock_ratio"] == 2.0
+  lines = sweep_report.baselines_markdown([ar, tree])
+  assert any(l.startswith("| tree(d1=2,gamma=6,branch=4,tree_nodes=32) | 4.00 |") for l in lines), lines
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cost report's projection of the tree methods
+# ---------------------------------------------------------------------------------------------------
+def test_cost_projection_of_tree_methods():
+  """A tree method's iteration is one verify pass: it commits its measured tau; without one, tree
+  self-speculation is projected at chain's tokens per round (a lower bound) and lookahead is refused."""
+  cfg = model_config("huginn:0125")
+  chain_round = cost.tokens_per_iteration("chain", cfg, 14.5, {"d1": 2, "gamma": 6})
+  assert cost.tokens_per_iteration("tree", cfg, 14.5, {"d1": 2, "gamma": 6, "branch": 4}) == chain_round
+  assert cost.tokens_per_iteration("chain", cfg, 14.5, {"d1": 2, "gamma": 6, "branch": 4}) == chain_round
+  assert cost.tokens_per_iteration("lookahead", cfg, 14.5, {}, tau=2.03) == 2.03
+  with pytest.raises(ValueError, match="needs a measured tau"):
+    cost.tokens_per_iteration("lookahead", cfg, 14.5, {})
+  settings = cost_configs.get_config("trees").model_settings["huginn_0125_trees"]
+  taus = cost_report.measured_taus(settings)
+  tree = methods.parse("tree:d1=2,gamma=6,branch=4,tree_nodes=32")
+  tau = cost_report._tau_of(tree, taus)  # pylint: disable=protected-access
+  assert tau is not None and tau > 1.0
+  assert cost_report._tau_of(methods.Chain(d1=2, gamma=6, branch=4, tree_nodes=32), taus) == tau
+  assert cost_report._tau_of(methods.parse("lookahead:window=5,ngram=4,guesses=5"), taus) > 1.0
+  assert cost_report._tau_of(methods.parse("loopspec:d1=2,d2=8"), taus) is None

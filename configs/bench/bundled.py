@@ -4,7 +4,7 @@
   loopspec-bench --config=bench/bundled.py:quick    # a CI-sized run
   loopspec-bench --config=bench/bundled.py:two      # two prompt sets, both samplings
   loopspec-bench --config=bench/bundled.py:targets  # the docs/benchmarks.md table: 4 demo + 4 GSM8K prompts
-  loopspec-bench --config=bench/bundled.py:baselines  # + draft model, prompt lookup, gamma=auto (both models)
+  loopspec-bench --config=bench/bundled.py:baselines  # + draft model, lookup, gamma=auto, trees (both models)
   loopspec-bench --config=bench/bundled.py:baselines_quick  # the same, 2 + 2 prompts, 64 tokens, no auto rows
   loopspec-bench --config=bench/bundled.py:auto     # method="auto" beside the fixed methods (planner.py)
 
@@ -84,6 +84,8 @@ def _baselines(c):
           "draft:draft_model=tiny-raven-draft,gamma=4",
           "draft:draft_model=tiny-raven-draft,gamma=auto",
           "lookup:ngram=3,gamma=4",
+          "chain:d1=2,gamma=6,branch=4,tree_nodes=32",  # tree self-speculation (method='tree')
+          "lookahead:window=5,ngram=4,guesses=5",
           "loopspec:d1=2,d2=8",
           "loopspec:d1=2",
       ],
@@ -93,6 +95,8 @@ def _baselines(c):
           "draft:draft_model=tiny-raven-draft,gamma=4",
           "draft:draft_model=tiny-raven-draft,gamma=auto",
           "lookup:ngram=3,gamma=4",
+          "tree:d1=1,gamma=3,branch=4,tree_nodes=16",
+          "lookahead:window=5,ngram=4,guesses=5",
           "loopspec:d1=1,d2=2",
       ],
   }
@@ -100,7 +104,7 @@ def _baselines(c):
 
 
 def _baselines_quick(c):
-  """The same five methods at a size a busy 2-core machine finishes in ~30 minutes."""
+  """The five baselines (a busy 2-core machine: ~30 minutes) plus the two tree methods, at a small size."""
   c.models = ["tiny-raven"]
   del c["tasks"], c["samplings"]  # as strings, so --config.tasks=gsm8k / --config.samplings=sample override them
   c.tasks = "demo,gsm8k"
@@ -115,6 +119,8 @@ def _baselines_quick(c):
           "chain:d1=2,gamma=8",
           "draft:draft_model=tiny-raven-draft,gamma=4",
           "lookup:ngram=3,gamma=4",
+          "tree:d1=2,gamma=6,branch=4,tree_nodes=32",
+          "lookahead:window=5,ngram=4,guesses=5",
           "loopspec:d1=2,d2=8",
       ],
   }

@@ -3,14 +3,20 @@
   loopspec-cost-report
   loopspec-cost-report --config.models=tiny_raven,tiny_ouro
   loopspec-cost-report --config=cost/default.py:quick
+  loopspec-cost-report --config=cost/default.py:trees   # tree self-speculation and lookahead at Huginn-0125
 
 `models` names entries of `model_settings`: `spec` is a `configs.models.model_config` spec or
 "bundled:<name>" (only the bundled model's config is read), `methods` are "name[:k=v,...]" with the
 first one "ar" (the reference of the ratios), `gamma` the mean accepted length (tokens per R steps) the
-projection assumes, `contexts` (optional) replaces the report's contexts for that model.
+projection assumes, `contexts` (optional) replaces the report's contexts for that model; `tau_results`
+(optional) a JSON list of measured rows whose `tau` (tokens per verify pass) of `tau_task` / `tau_sampling`
+projects the tree methods of the same spec (without one, tree self-speculation takes chain's bound).
 """
 
 import ml_collections
+
+# Tokens per verify pass of the tree methods, measured on the bundled tiny-raven (R = 32, Huginn's family).
+TREE_TAUS = "results/trees/epyc2-2026-12-03/results.json"
 
 
 def get_config(arg=None):
@@ -22,6 +28,21 @@ def get_config(arg=None):
           "gamma": 14.5,
           "methods": ("ar", "chain:d1=2,gamma=8", "loopspec:d1=2,d2=8"),
           "contexts": (),
+      },
+      "huginn_0125_trees": {  # the tree methods beside chain and LoopSpec, at their tau measured on tiny-raven
+          "spec": "huginn:0125",
+          "gamma": 14.5,
+          "methods": (
+              "ar",
+              "chain:d1=2,gamma=6",
+              "loopspec:d1=2,d2=8",
+              "tree:d1=2,gamma=6,branch=4,tree_nodes=32",
+              "lookahead:window=5,ngram=4,guesses=5",
+          ),
+          "contexts": (),
+          "tau_results": TREE_TAUS,
+          "tau_task": "gsm8k",
+          "tau_sampling": "greedy",
       },
       "ouro_1p4b": {
           "spec": "ouro:1p4b",
@@ -51,7 +72,11 @@ def get_config(arg=None):
   c.op_overhead_s = 0.0  # per-op launch overhead added to the roofline time
   c.branch = "max"  # conditionals: count the most expensive branch ("max") or the average ("mean")
   c.out = "results/cost/cost_report.json"
-  if arg == "quick":
+  if arg == "trees":  # a tree verify pass at Huginn-0125 size beside chain's round and LoopSpec's tick
+    c.models = "huginn_0125_trees"
+    c.contexts = (2048,)
+    c.out = "results/cost/cost_report_trees.json"
+  elif arg == "quick":
     c.models = "tiny_raven"
     c.out = "results/cost/cost_report_quick.json"
   return c

@@ -43,6 +43,9 @@ def get_config(arg=None):
   c.draft_gammas = "4,auto"
   c.lookup_ngram = config_dict.placeholder(int)
   c.lookup_gammas = "4"
+  # Further rows by method spec, ';'-separated (the tree methods: 'tree:d1=2,gamma=6,branch=4,tree_nodes=32;
+  # lookahead:window=5,ngram=4,guesses=5'); '' = none. Their rows hold tau, nodes per pass and draft cost share.
+  c.extra_methods = ""
   c.repeats = 3  # timed repeats after a warm-up; medians are reported
   c.depths_json = "results/depths/depths_{task}_{sampling}.json"  # none or a missing file: no prediction
   c.out_dir = "results/sweep"

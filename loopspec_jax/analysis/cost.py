@@ -28,6 +28,7 @@ from loopspec_jax.analysis.hlo import CATEGORIES, DTYPE_BYTES, FREE_OPS, parse_h
 from loopspec_jax.analysis.hlo_cost import CopyRecord, HloCostModel, StepCost, analyze_hlo  # noqa: F401
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.models import looped as M
 
 
@@ -148,15 +149,24 @@ def chain_tokens_per_round(r: int, d1: int, draft_len: int, gamma: float) -> flo
   return float(theory.chain_expected_tokens(1.0 - p_reject, draft_len))
 
 
-def tokens_per_iteration(method: str, cfg: ModelConfig, accepted_length: float, kw: dict) -> float:
-  """Tokens one loop iteration commits at mean accepted length `accepted_length` (tokens per R steps)."""
+def tokens_per_iteration(method: str, cfg: ModelConfig, accepted_length: float, kw: dict, tau=None) -> float:
+  """Tokens one loop iteration commits at mean accepted length `accepted_length` (tokens per R steps).
+
+  `tau` (a measured tokens per verify pass) is the answer for any method whose iteration is one verify pass
+  (the tree methods: tree, lookahead, ...). Without it a tree self-speculation round is projected at chain's
+  tokens per round at its d1 and gamma: a lower bound, since the tree holds chain's greedy drafts."""
   if method == "ar":
     return 1.0
-  if method == "chain":
-    return chain_tokens_per_round(cfg.recurrence, kw["d1"], kw["gamma"], accepted_length)
+  if tau is not None:
+    return float(tau)
+  if method == "chain" and (kw.get("branch") or 1) > 1:
+    method = "tree"
+  if method in ("chain", "tree"):
+    d1, gamma = kw.get("d1") or self_spec.DEFAULTS["d1"], kw.get("gamma") or self_spec.DEFAULTS["gamma"]
+    return chain_tokens_per_round(cfg.recurrence, d1, gamma, accepted_length)
   if method == "loopspec":
     return loopspec_tokens_per_tick(cfg.recurrence, kw["d1"], accepted_length)
-  raise ValueError(f"unknown method {method!r}")
+  raise ValueError(f"method {method!r} needs a measured tau (tokens per verify pass) to be projected")
 
 
 def project(

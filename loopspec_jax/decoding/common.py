@@ -221,6 +221,17 @@ def validate_sampling(temperature, top_k, top_p, init_state, cfg: ModelConfig):
     raise ValueError(f"init_state='random' applies to Raven-style models, not {cfg.family!r}")
 
 
+def validate_depth(decoder, cfg: ModelConfig, label: str) -> None:
+  """A round verifies drafts up to `decoder.extra_positions - 1` positions past the committed prefix (a tree's
+  depth, a chain's gamma, a lookahead window): deeper than the model's context is refused before compiling."""
+  deepest = decoder.extra_positions - 1
+  if deepest >= cfg.max_len:
+    raise ValueError(
+        f"method {label} verifies drafts up to {deepest} positions ahead, too deep for the model's context "
+        f"of {cfg.max_len} positions"
+    )
+
+
 def _round_up(x: int, m: int) -> int:
   return ((x + m - 1) // m) * m
 

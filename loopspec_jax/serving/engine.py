@@ -163,6 +163,7 @@ class Engine:
     self.method.check_target(model)
     self.random_init = config.init_state == "random"
     self.decoder = self.method.make_decoder(cfg, greedy=config.greedy_only, random_init=self.random_init)
+    common.validate_depth(self.decoder, cfg, self.method.label)
     self.total = int(config.max_len or cfg.max_len)
     if not 2 <= self.total <= cfg.max_len:
       raise ValueError(f"max_len={config.max_len} must be in [2, {cfg.max_len}] (the model's context)")

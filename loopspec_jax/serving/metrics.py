@@ -41,7 +41,8 @@ def served_stats(engine) -> DecodeStats:
   m = engine.metrics
   rows = {name: [m.count(name)] for name in COUNTERS if name != "n_new"}
   rows["tokens"] = [m.count("n_new")]
-  return DecodeStats(engine.method.name, dict(engine.stats_settings), rows, {"iterations": m.calls})
+  # the decoder's name: 'chain' with branch > 1 runs (and is summarised as) 'tree'
+  return DecodeStats(engine.decoder.name, dict(engine.stats_settings), rows, {"iterations": m.calls})
 
 
 def mean_accepted_length(engine) -> float:

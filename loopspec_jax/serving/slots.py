@@ -56,7 +56,7 @@ def finish_slot(state, slot):
 
 
 # Per-slot counters read after each device call (0 where a method has none), then the slot's live lanes.
-COUNTERS = ("n_new", "first", "second", "restart", "gate_evals", "gate_opens", "rounds", "accepted")
+COUNTERS = ("n_new", "first", "second", "restart", "gate_evals", "gate_opens", "rounds", "accepted", "nodes")
 
 
 @jax.jit
