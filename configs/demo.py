@@ -6,6 +6,7 @@ loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8 --c
 loopspec-demo --config.d1=4                     # single-proposal LoopSpec at depth 4 (d2 none)
 loopspec-demo --config.compare_single_proposal=false   # skip the (d1, -) comparison line
 loopspec-demo --config.gate_mass=0               # the paper's gate for the sampled second proposal
+loopspec-demo --config.auto=false                # skip the method="auto" row
 """
 
 import ml_collections
@@ -29,4 +30,7 @@ def get_config(arg=None):
   # branch lane on a second proposal (0: the paper's gate, which opens for about half of the d2 lanes here
   # on float-level differences; lossless either way, see docs/engine.md "The second proposal's gate").
   c.gate_mass = 0.1
+  # Also decode with method="auto" (loopspec_jax/planner.py: the planner's pick, planned once per prompt shape on
+  # its untimed first call, then cached) and print its row beside AR and LoopSpec.
+  c.auto = True
   return c

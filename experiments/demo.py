@@ -4,7 +4,7 @@
   loopspec-demo --config.model=tiny-ouro          # bundled tiny-ouro, (1, 2)
   loopspec-demo --config.model=/path/to/checkpoint --config.d1=2 --config.d2=8
 
-Settings: configs/demo.py. Prints the text of each method, decode tokens/s (after prefill,
+Settings: configs/demo.py (`auto`: also time method="auto", the planner's pick, beside them). Prints the text of each method, decode tokens/s (after prefill,
 compiled; methods interleaved per prompt, medians of `repeats` calls), the wall-clock ratio, the mean accepted
 length, where the time goes (ticks, tokens per tick, ms per
 tick beside AR's ms per token), the same for LoopSpec with a single proposal (d1, -) when d2 is set, and whether
@@ -54,7 +54,7 @@ def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, 
   untimed compiling call per method, then `repeats` rounds that time each method once in turn (a slow spell
   of the shared machine hits all methods alike); per method and prompt the median-time call counts.
   Returns {label: (outputs, summed stats)}."""
-  out = {label: ([], []) for label, _ in runs}
+  out, plans = {label: ([], []) for label, _ in runs}, {}
   gen = lambda i, p, kw: loopspec_jax.generate(
       model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **sampling, **kw
   )
@@ -69,7 +69,12 @@ def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, 
       res = sorted(calls, key=lambda r: r.stats["decode_seconds"])[len(calls) // 2]
       out[label][0].append(res.tokens[0])
       out[label][1].append(res.counts)
-  return {label: (toks, common.total(counts)) for label, (toks, counts) in out.items()}
+      if "plan" in res.stats:  # method='auto': the planner's choice for this prompt
+        plans.setdefault(label, []).append(res.stats["plan"])
+  results = {label: (toks, common.total(counts)) for label, (toks, counts) in out.items()}
+  for label, p in plans.items():
+    results[label][1]["plans"] = p
+  return results
 
 
 def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:
@@ -90,6 +95,16 @@ def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, ga
         f"{single['mean_accepted_length']:.2f}, {ratio(single):.2f}x AR ({common.time_line('ticks', single)})"
     )
   return "\n".join(lines)
+
+
+def auto_line(ar: dict, outputs: list, auto: dict) -> str:
+  """The auto row beside AR and LoopSpec: its rate and ratio, and what the planner picked per prompt."""
+  ratio = ar["decode_seconds"] / max(auto["decode_seconds"], 1e-12)
+  picks = sorted(set(p["choice"] for p in auto.get("plans", [])))
+  return (
+      f"auto:           {auto['tokens_per_second']:8.1f} tokens/s   {ratio:.2f}x AR (decode after prefill), "
+      f"planner picked {', '.join(picks) or '?'} (stats['plan'])"
+  )
 
 
 def cache_note(model, d1: int, ratio: float, backend: str, cache_bytes: int) -> Optional[str]:
@@ -128,6 +143,8 @@ def main(argv):
     runs = [("autoregressive", dict(method="ar")), ("loopspec", ls_kw)]
     if d2 is not None and config.get("compare_single_proposal", True):
       runs.append(("loopspec single proposal", dict(method="loopspec", d1=d1, d2=None)))
+    if config.get("auto", True):
+      runs.append(("auto", dict(method="auto")))  # planned on each prompt's first (untimed) call, then cached
     print(f"compiling and decoding {len(prompts)} prompts, methods interleaved: {[l for l, _ in runs]} ...", flush=True)
     results = decode_interleaved(
         model,
@@ -148,8 +165,11 @@ def main(argv):
     note = cache_note(model, d1, ratio, jax.default_backend(), common.last_level_cache_bytes())
     if note:
       print(note)
+    if "auto" in results:
+      print(auto_line(ar, *results["auto"]))
     if name == "greedy":
       same = ar_out == ls_out and (single is None or single[0] == ar_out)
+      same = same and ("auto" not in results or results["auto"][0] == ar_out)
       print(f"greedy outputs identical: {same}")
   print("\nthese figures are this host's; every method, model and host measured: docs/benchmarks.md")
 

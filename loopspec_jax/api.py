@@ -6,6 +6,7 @@ hands it to the one host driver, `decoding.common.run_decoder`.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -146,7 +147,34 @@ def generate(
   random_init = init_state == "random"
   method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
   method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
-  spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy)  # 'auto'
+  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id)
+  call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
+  run = functools.partial(_run, model, prompts, max_new_tokens, speculate_max_batch=speculate_max_batch, **call)
+  # 'auto' (planner.Auto) picks here; `run(spec, budget)` is this call with `budget` new tokens (its probe)
+  spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy, run=run)
+  result = run(spec)
+  result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
+  return result
+
+
+def _run(
+    model,
+    prompts,
+    max_new_tokens,
+    spec,
+    budget=None,
+    *,
+    sampling,
+    random_init,
+    request_ids,
+    mesh,
+    rules,
+    speculate_max_batch,
+) -> GenerateResult:
+  """Decodes `prompts` with `spec` at the shapes of a `max_new_tokens` call (its compiled programs), each
+  request stopping after `budget` new tokens (default max_new_tokens)."""
+  cfg = model.config
+  greedy = float(sampling["temperature"]) == 0.0
   spec = methods.build_checked(spec, model)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
@@ -155,16 +183,16 @@ def generate(
   n_real = len(prompts)
   if mesh is not None:
     _check_shardable(spec, decoder)
-    mesh = sharding.plan(mesh, sharding_rules)
+    mesh = sharding.plan(mesh, rules)
     prompts, request_ids, _ = sharding.pad_requests(prompts, request_ids, mesh)
   lengths = [len(p) for p in prompts]
   tp, total = common.buckets(lengths, max_new_tokens, cfg)
   prompt_arr, len_arr = common.batch_prompts(prompts, tp)
-  sp = common.make_sampling_params(len(prompts), max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids)
+  new = max_new_tokens if budget is None else min(int(budget), max_new_tokens)
+  sp = common.make_sampling_params(len(prompts), new, request_ids=request_ids, **sampling)
   if len(prompts) > n_real:  # dummy requests stop after one token
     sp = sp.replace(max_new=sp.max_new.at[n_real:].set(1))
   result = common.run_decoder(
       decoder, model.params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
   )
-  result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
   return result if mesh is None else sharding.drop_padding(result, n_real)

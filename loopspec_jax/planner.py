@@ -17,15 +17,25 @@ decoding is exact whatever the planner picks; only speed depends on the choice. 
                         d1 steps at B rows plus an R-step verify of B (g + 1) rows), plus the head and
                         `OPS_PER_LAYER_STEP` kernels per layer step at the device's per-op overhead.
 
-and keeps the largest predicted tokens / second. The choice and the top candidates (tokens / iteration,
-ms / iteration, tokens / s) go to `GenerateResult.stats["plan"]`.
+and ranks by predicted tokens / second. Then (`Auto.measure` > 0, inside `generate`) a short measured probe:
+AR and the best predicted candidate of each family (chain at d1 1 and 2, LoopSpec with and without d2), prompt
+lookup and, given a `draft_model`, draft-model speculation each decode `measure` new tokens of the requests
+themselves at the call's own shapes (so each compiles into its method's normal jit cache, which the planned
+call then reuses), and the fastest measured wins, unless it beats AR by less than `AR_MARGIN` (then AR).
+
+The plan is computed once per (model, batch, prompt and context buckets, sampling settings, device, planner
+settings) and kept in `PLANS`: later calls of that shape cost what the picked fixed method costs. The choice
+and the top candidates (measured and predicted tokens / iteration and ms / iteration, tokens / s) go to
+`GenerateResult.stats["plan"]`, with `plan_seconds` (the one-off cost) and `cached`. The serving engine plans
+from the prediction alone (`engine_plan`: no requests exist when it starts).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import List, Optional, Tuple
+import time
+from typing import List, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +45,14 @@ from loopspec_jax.analysis import theory
 from loopspec_jax.analysis.hardware import Hardware
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding.autoregressive import AR
+from loopspec_jax.decoding import common
 from loopspec_jax.decoding.chain import Chain
+from loopspec_jax.decoding.draft import Draft
+from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.models import looped as M
+from loopspec_jax.models.model import LoopedModel
 
 ENVELOPE = (0.175, 1.03)  # Theorem 2's (beta, alpha) for Huginn-0125 (docs/loopspec.md check value)
 # Kernels per (layer, recurrent step) of a decode loop: tiny-raven's AR token compiles to 3085 ops for its
@@ -254,62 +268,171 @@ def rank(cfg: ModelConfig, hw: Hardware, batch: int, context: int, curve, greedy
   return sorted(timed, key=lambda c: -c.tokens_per_s)
 
 
-_PLANS: dict = {}
+# ---------------------------------------------------------------------------------------------------
+# The plan: analytic ranking, then a short measured probe of the shortlist on the requests themselves
+# ---------------------------------------------------------------------------------------------------
+PLANS: dict = {}  # the plan cache: plan_key(...) -> (method, plan); `clear_plans()` empties it
+AR_MARGIN = 1.05  # a speculative pick must beat AR's measured rate by this much (noise guard), else AR
 
 
-def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto") -> Tuple[Method, dict]:
-  """The method `auto` resolves to for these requests, and the plan (choice, reasons, top candidates).
-  Plans are kept per (config, batch, context, sampling, probe) for the process."""
+def clear_plans() -> None:
+  PLANS.clear()
+
+
+def plan_key(model, prompts, max_new_tokens: int, sampling, auto: "Auto") -> tuple:
+  """What a plan depends on: the model (config and identity), batch, the prompt and context buckets of the
+  call (its compiled shapes), the sampling settings, the device and the planner's own settings."""
   cfg = model.config
-  context = min(max(len(p) for p in prompts) + max_new_tokens, cfg.max_len)
-  context = min(32 * ((context + 31) // 32), cfg.max_len)
-  key = (cfg, len(prompts), context, greedy, auto)
-  if key not in _PLANS:
-    curve, source = None, "envelope"
-    if auto.probe_tokens:
-      curve = probe_curve(model, prompts[0], greedy, auto.probe_tokens)
-      source = "probe" if curve is not None else "envelope (probe did not fit)"
-    curve = curve or ENVELOPE
-    lb = _layer_bytes(cfg)
-    ws = (
-        lb["core"]
-        + lb["outer"]
-        + lb["head"]
-        + len(prompts) * context * lb["kv_pos"] * (cfg.recurrence * cfg.n_core + 2)
-    )
-    hw = hardware_for(cfg, float(ws))
-    ranked = rank(cfg, hw, len(prompts), context, curve, greedy, auto.shortlist)
-    best, ar = ranked[0], next(c for c in ranked if isinstance(c.method, AR))
-    reason = (
-        f"{best.method.label}: {best.tokens_per_iteration:.2f} tokens / {best.iteration_s * 1e3:.3g} ms per iteration "
-        f"= {best.tokens_per_s / ar.tokens_per_s:.2f}x AR predicted on {hw.label} (batch {len(prompts)}, context "
-        f"{context}, depth curve beta {curve[0]:.3g} alpha {curve[1]:.3g} from {source})"
-    )
-    _PLANS[key] = (
-        best.method,
-        {
-            "choice": best.method.spec,
-            "reason": reason,
-            "depth_curve": {"beta": curve[0], "alpha": curve[1], "source": source},
-            "device": hw.label,
-            "top": [c.as_dict() for c in ranked[:5]],
-            "ar": ar.as_dict(),
-        },
-    )
-  return _PLANS[key]
+  tp, total = common.buckets([len(p) for p in prompts], max_new_tokens, cfg)
+  device = jax.devices()[0].device_kind
+  return (cfg, id(model), len(prompts), tp, total, sampling, device, auto, id(auto.draft_model))
+
+
+def measured_shortlist(ranked: List[Candidate], draft_model=None) -> List[Method]:
+  """AR, the best predicted candidate of each family (chain at each d1, LoopSpec with and without d2), prompt
+  lookup and, with a drafter, draft-model speculation: what the probe decodes."""
+  out, families = [AR()], set()
+  for c in ranked:
+    m = c.method
+    fam = (type(m).__name__, m.d1 if isinstance(m, Chain) else None, isinstance(m, LoopSpec) and m.d2 is None)
+    if not isinstance(m, AR) and fam not in families and (not isinstance(m, Chain) or m.d1 <= 2):
+      families.add(fam)
+      out.append(m)
+  out.append(Lookup(ngram=3, gamma=4))
+  if draft_model is not None:
+    out.append(Draft(draft_model=draft_model, gamma=4))
+  return out
+
+
+def measure(run, shortlist: List[Method], budget: int, rounds: int = 2) -> dict:
+  """method -> (tokens / iteration, seconds / iteration) of `budget` new tokens of these requests: one run
+  each that compiles (into the method's own jit cache, which the planned call then reuses), then `rounds`
+  timed runs in alternating order; seconds are the fastest round's (the least disturbed on a shared host)."""
+  for m in shortlist:
+    run(m, budget)
+  best = {}
+  for r in range(rounds):
+    for m in shortlist if r % 2 == 0 else shortlist[::-1]:
+      c = run(m, budget).counts
+      iters = max(c.totals.get("iterations", 0), 1)
+      per = (c.tokens / c.requests / iters, c.totals["decode_seconds"] / iters)
+      best[m] = per if m not in best or per[1] < best[m][1] else best[m]
+  return best
+
+
+def _predicted(cfg, m, hw, batch, context, curve) -> Optional[Candidate]:
+  try:
+    return Candidate(m, tokens_per_iteration(cfg, m, curve), iteration_seconds(hw, cfg, m, batch, context), batch)
+  except ValueError:  # lookup, draft: no analytic model (measured only)
+    return None
+
+
+def _row(c: Candidate, predicted: Optional[Candidate]) -> dict:
+  row = c.as_dict()
+  row["predicted_tokens_per_iteration"] = predicted.tokens_per_iteration if predicted else None
+  row["predicted_iteration_ms"] = predicted.iteration_s * 1e3 if predicted else None
+  return row
+
+
+def _curve(model, prompts, greedy, auto):
+  if auto.probe_tokens:
+    curve = probe_curve(model, prompts[0], greedy, auto.probe_tokens)
+    if curve is not None:
+      return curve, "probe"
+    return ENVELOPE, "envelope (probe did not fit)"
+  return ENVELOPE, "envelope"
+
+
+def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
+  """The method `auto` resolves to for these requests and the plan (choice, reasons, top candidates with
+  their predicted and, when `run` is given and auto.measure > 0, measured tokens and ms per iteration)."""
+  t0 = time.perf_counter()
+  cfg, batch = model.config, len(prompts)
+  _, context = common.buckets([len(p) for p in prompts], max_new_tokens, cfg)
+  curve, source = _curve(model, prompts, greedy, auto)
+  lb = _layer_bytes(cfg)
+  ws = lb["core"] + lb["outer"] + lb["head"] + batch * context * lb["kv_pos"] * (cfg.recurrence * cfg.n_core + 2)
+  hw = hardware_for(cfg, float(ws))
+  ranked = rank(cfg, hw, batch, context, curve, greedy, auto.shortlist)
+  predicted = {c.method: c for c in ranked}
+  basis = "predicted"
+  if run is not None and auto.measure:
+    budget = min(int(auto.measure), max_new_tokens)
+    shortlist = measured_shortlist(ranked, auto.draft_model)
+    for m in shortlist:
+      predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
+    got = measure(run, shortlist, budget)
+    ranked = sorted((Candidate(m, t, s, batch) for m, (t, s) in got.items()), key=lambda c: -c.tokens_per_s)
+    basis = f"measured on these requests ({budget} new tokens, fastest of 2 rounds)"
+  ar = next(c for c in ranked if isinstance(c.method, AR))
+  best = ranked[0]
+  if best.tokens_per_s < AR_MARGIN * ar.tokens_per_s:
+    best = ar  # within the noise of AR: AR (nothing to lose)
+  reason = (
+      f"{best.method.label}: {best.tokens_per_iteration:.2f} tokens / {best.iteration_s * 1e3:.3g} ms per iteration "
+      f"= {best.tokens_per_s / ar.tokens_per_s:.2f}x AR {basis} on {hw.label} (batch {batch}, context {context}, "
+      f"depth curve beta {curve[0]:.3g} alpha {curve[1]:.3g} from {source})"
+  )
+  top = [best] + [c for c in ranked if c is not best]
+  return best.method, {
+      "choice": best.method.spec,
+      "reason": reason,
+      "basis": basis,
+      "depth_curve": {"beta": curve[0], "alpha": curve[1], "source": source},
+      "device": hw.label,
+      "top": [_row(c, predicted.get(c.method)) for c in top[:8]],
+      "ar": _row(ar, predicted.get(ar.method)),
+      "plan_seconds": time.perf_counter() - t0,
+  }
+
+
+def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
+  """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`."""
+  sampling = tuple(sorted(getattr(run, "keywords", {}).get("sampling", {}).items())) or greedy
+  sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
+  key = plan_key(model, prompts, max_new_tokens, sampling, auto)
+  if key in PLANS:
+    method, p = PLANS[key]
+    return method, dict(p, cached=True)
+  method, p = make_plan(model, prompts, max_new_tokens, greedy, auto, run)
+  PLANS[key] = (method, p)
+  return method, dict(p, cached=False)
+
+
+def engine_plan(model, auto: "Auto", slots: int, total: int, greedy: bool) -> Tuple[Method, dict]:
+  """The plan of a serving engine (`serving.Engine`, method 'auto'): `slots` requests decoding up to `total`
+  positions; no requests exist yet, so the ranking is the prediction alone (Theorem 2's envelope, no probe,
+  no measurement), cached like any plan."""
+  auto = dataclasses.replace(auto, probe_tokens=0, measure=0)
+  prompt = min(16, max(total - 1, 1))
+  return plan(model, [[0] * prompt] * int(slots), max(total - prompt, 1), greedy, auto)
 
 
 @dataclasses.dataclass(frozen=True)
 class Auto(Method):
   """The planner's choice for the requests of each `generate` call (module docstring); `probe_tokens`: prompt
-  tokens of the depth-agreement probe (0: Theorem 2's envelope, no probe); `shortlist`: see `rank`."""
+  tokens of the depth-agreement probe (0: Theorem 2's envelope, no probe); `shortlist`: see `rank` (HLO
+  re-timing; compiles abstract loops, slow); `measure`: new tokens each shortlisted method decodes on the
+  requests before the pick (0: the prediction alone); `draft_model`: a drafter to consider ('draft')."""
 
   name = "auto"
   probe_tokens: Optional[int] = 32
-  shortlist: Optional[int] = 3  # families re-timed from their compiled loops' HLO (0: the analytic model only)
+  shortlist: Optional[int] = 0
+  measure: Optional[int] = 16
+  draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
 
-  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool):
-    return plan(model, prompts, max_new_tokens, greedy, self)
+  def __post_init__(self):
+    if isinstance(self.draft_model, str):
+      object.__setattr__(self, "draft_model", Draft(draft_model=self.draft_model).draft_model)
+
+  def validate(self, cfg: ModelConfig) -> None:
+    for f in ("probe_tokens", "shortlist", "measure"):
+      if getattr(self, f) is not None and int(getattr(self, f)) < 0:
+        raise ValueError(f"auto: {f} must be >= 0, got {getattr(self, f)}")
+
+  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool, run=None):
+    self.validate(model.config)
+    return plan(model, prompts, max_new_tokens, greedy, self, run)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     raise ValueError("method='auto' is resolved per call (Auto.resolve) before a decoder is built")

@@ -7,11 +7,28 @@ import loopspec_jax as lj
 from loopspec_jax import methods
 from loopspec_jax import planner
 from loopspec_jax.analysis import hardware
+from loopspec_jax.decoding import autoregressive
+from loopspec_jax.decoding import chain
+
+HW = hardware.Hardware("x", bandwidth=1e10, peak_flops=1e11, op_overhead_s=1e-8)
+
+
+@pytest.fixture
+def quick_planner(monkeypatch):
+  """A fixed device (no host microbenchmarks) and a two-method shortlist (two compiles), a fresh plan cache."""
+  monkeypatch.setattr(planner, "hardware_for", lambda cfg, ws: HW)
+  monkeypatch.setattr(planner, "measured_shortlist", lambda ranked, draft=None: [lj.AR(), lj.Chain(d1=1, gamma=2)])
+  planner.clear_plans()
+  yield
+  planner.clear_plans()
 
 
 def test_auto_is_registered_and_parses():
   assert methods.parse("auto") == planner.Auto()
   assert methods.parse("auto:probe_tokens=0,shortlist=0") == planner.Auto(probe_tokens=0, shortlist=0)
+  assert methods.parse("auto:measure=4") == planner.Auto(measure=4)
+  with pytest.raises(ValueError, match="measure must be >= 0"):
+    planner.Auto(measure=-1).validate(helpers.tiny_config("huginn:tiny"))
   with pytest.raises(ValueError, match="resolved per call"):
     planner.Auto().make_decoder(helpers.tiny_config("huginn:tiny"), greedy=True, random_init=False)
 
@@ -27,7 +44,7 @@ def test_candidates_are_valid_and_ranked():
   assert ar.tokens_per_iteration == 1.0
 
 
-@pytest.mark.parametrize("auto", [planner.Auto(probe_tokens=8, shortlist=0), "auto:probe_tokens=0,shortlist=0"])
+@pytest.mark.parametrize("auto", [planner.Auto(probe_tokens=8, measure=0), "auto:probe_tokens=0,shortlist=0,measure=0"])
 def test_auto_greedy_equals_ar_and_reports_its_choice(auto):
   model = helpers.tiny_model("huginn:tiny")
   out = lj.generate(model, helpers.PROMPTS, max_new_tokens=helpers.MAX_NEW, method=auto)
@@ -39,6 +56,9 @@ def test_auto_greedy_equals_ar_and_reports_its_choice(auto):
     assert c["tokens_per_iteration"] > 0 and c["iteration_ms"] > 0 and c["tokens_per_s"] > 0
   assert plan["top"][0]["method"] == plan["choice"] and "x AR predicted" in plan["reason"]
   assert plan["depth_curve"]["source"] in ("probe", "envelope", "envelope (probe did not fit)")
+  again = lj.generate(model, helpers.PROMPTS, max_new_tokens=helpers.MAX_NEW, method=auto)  # the plan cache
+  assert again.stats["plan"]["cached"] and again.stats["plan"]["choice"] == plan["choice"]
+  assert again.tokens == out.tokens
 
 
 @pytest.mark.slow
@@ -51,3 +71,64 @@ def test_shortlist_is_retimed_from_the_compiled_loops():
   for c in timed:  # the HLO's kernels x 1 us alone differ from the analytic guess
     assert c.iteration_s != analytic[c.method].iteration_s
     assert c.tokens_per_iteration == analytic[c.method].tokens_per_iteration
+
+
+def test_measured_shortlist_has_every_family():
+  cfg = helpers.tiny_config("huginn:tiny")
+  ranked = planner.rank(cfg, HW, 1, 64, planner.ENVELOPE)
+  short = planner.measured_shortlist(ranked, draft_model=helpers.tiny_model("huginn:tiny"))
+  names = [m.name for m in short]
+  assert names[0] == "ar" and names.count("ar") == 1 and {"lookup", "draft"} <= set(names)
+  assert sorted(m.d1 for m in short if m.name == "chain") == [1, 2]
+  assert sorted(m.d2 is None for m in short if m.name == "loopspec") == [False, True]
+
+
+@pytest.mark.slow
+def test_plan_is_measured_once_then_cached_and_reuses_the_compiled_loop(quick_planner):
+  """The first call probes (each shortlisted method decodes `measure` tokens at the call's own shapes), the
+  second finds the plan in the cache and compiles nothing: it costs what the fixed method costs."""
+  model = helpers.tiny_model("huginn:tiny")
+  auto = planner.Auto(probe_tokens=8, measure=4)
+  kw = dict(max_new_tokens=helpers.MAX_NEW, method=auto)
+  first = lj.generate(model, [list(helpers.PROMPTS[1])], **kw)
+  plan = first.stats["plan"]
+  assert not plan["cached"] and plan["basis"].startswith("measured") and plan["plan_seconds"] > 0
+  assert {r["method"] for r in plan["top"]} == {"ar", "chain:d1=1,gamma=2"}
+  for r in plan["top"]:  # measured and predicted tokens and ms per iteration, side by side
+    assert r["tokens_per_iteration"] > 0 and r["iteration_ms"] > 0 and r["predicted_iteration_ms"] > 0
+  sizes = (autoregressive.decode_loop._cache_size(), chain.decode_loop._cache_size())
+  second = lj.generate(model, [list(helpers.PROMPTS[1])], **kw)
+  assert second.stats["plan"]["cached"] and second.stats["plan"]["choice"] == plan["choice"]
+  assert (autoregressive.decode_loop._cache_size(), chain.decode_loop._cache_size()) == sizes
+  ar = helpers.ar_tokens(model, [list(helpers.PROMPTS[1])], helpers.MAX_NEW)
+  assert first.tokens == second.tokens == ar
+
+
+def test_engine_serves_the_planned_method(quick_planner):
+  from loopspec_jax.serving import engine as E
+
+  model = helpers.tiny_model("huginn:tiny")
+  eng = E.Engine(model, E.EngineConfig(method="auto", slots=2, max_len=32))
+  assert eng.method.name in ("ar", "chain", "loopspec") and eng.plan["choice"] == eng.method.spec
+  assert eng.plan["basis"] == "predicted" and eng.plan["depth_curve"]["source"] == "envelope"
+
+
+def test_lm_eval_backend_takes_auto(quick_planner):
+  pytest.importorskip("lm_eval")
+  from loopspec_jax.integrations import lm_eval as backend
+
+  model = helpers.tokenized_model("huginn:tiny", contraction=0.7, max_len=128)
+  lm = backend.LoopSpecLM(model=model, method="auto", measure=4, warmup=False)
+  assert isinstance(lm.method, planner.Auto) and lm.method.measure == 4
+  prompt = model.encode("Question: 2 + 3?")
+  toks = lm._generate([prompt], 6, {"temperature": 0.0}, [0], "t")
+  assert toks == helpers.ar_tokens(model, [prompt], 6)
+
+
+def test_demo_prints_the_auto_row():
+  from loopspec_jax.experiments import demo
+
+  ar = {"tokens_per_second": 100.0, "decode_seconds": 1.0}
+  auto = {"tokens_per_second": 150.0, "decode_seconds": 0.5, "plans": [{"choice": "chain:d1=2,gamma=8"}] * 2}
+  line = demo.auto_line(ar, [], auto)
+  assert line.startswith("auto:") and "2.00x AR" in line and "picked chain:d1=2,gamma=8 " in line

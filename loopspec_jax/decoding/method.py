@@ -32,9 +32,10 @@ class Method:
   def check_target(self, model) -> None:
     """Checks that need the target `LoopedModel` itself (e.g. a drafter's tokenizer); run before compiling."""
 
-  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool):
+  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool, run=None):
     """(the method to run for these requests, a plan dict or None): a planner (`planner.Auto`) picks one
-    here; every other method is itself."""
+    here; every other method is itself. `run(method, budget)`, where given, decodes these requests with
+    `method` at this call's shapes for `budget` new tokens (the planner's measured probe)."""
     return self, None
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):

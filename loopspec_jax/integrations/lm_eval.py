@@ -332,7 +332,14 @@ class LoopSpecLM(TemplateLM):
     res = loopspec_jax.generate(self.model, prompts, **kw)
     greedy = sampling["temperature"] == 0.0
     self.calls.append(
-        {"task": task, "requests": len(prompts), "warmup_calls": warm, "greedy": greedy, "counts": res.counts}
+        {
+            "task": task,
+            "requests": len(prompts),
+            "warmup_calls": warm,
+            "greedy": greedy,
+            "counts": res.counts,
+            "plan": res.stats.get("plan", {}).get("choice"),
+        }  # method 'auto': what the planner picked
     )
     return res.tokens
 
@@ -400,7 +407,13 @@ class LoopSpecLM(TemplateLM):
     calls = [c for c in self.calls if task is None or c["task"] == task]
     if not calls:
       return None
-    agg = DecodeStats.total([c["counts"] for c in calls]).summary()
+    groups: dict = {}  # method 'auto' may pick different methods for different shapes: their counts do not add
+    for c in calls:
+      groups.setdefault((c["counts"].method, repr(sorted(c["counts"].settings.items()))), []).append(c["counts"])
+    parts = [DecodeStats.total(g).summary() for g in groups.values()]
+    agg = parts[0] if len(parts) == 1 else _mixed_summary(parts)
+    picks = sorted({c["plan"] for c in calls if c.get("plan")})
+    agg.update({"planned": picks} if picks else {})
     agg.update(
         method=self.method_label,
         requests=sum(c["requests"] for c in calls),
@@ -412,6 +425,17 @@ class LoopSpecLM(TemplateLM):
 
   def reset_stats(self):
     self.calls = []
+
+
+def _mixed_summary(parts: list) -> dict:
+  """Summed figures of runs of several methods (method 'auto'): tokens, time, rate, and each method's summary."""
+  tokens, secs = sum(p["tokens"] for p in parts), sum(p["decode_seconds"] for p in parts)
+  return {
+      "tokens": tokens,
+      "decode_seconds": secs,
+      "tokens_per_second": tokens / max(secs, 1e-9),
+      "by_method": {p["method"]: p for p in parts},
+  }
 
 
 def _with_tokenizer(model, spec: str):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopspec_jax import methods
+from loopspec_jax import planner
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.parallel import sharding
@@ -159,6 +160,10 @@ class Engine:
     common.validate_sampling(0.0, 0, 1.0, config.init_state, cfg)
     method_args = {"d1": config.d1, "d2": config.d2, "gamma": config.gamma, "lane_capacity": config.lane_capacity}
     self.method = methods.build(config.method, **method_args)  # any method of the registry
+    self.plan = None  # method 'auto': the planner's pick for this engine's slots, context and sampling kernel
+    if isinstance(self.method, planner.Auto):
+      total = int(config.max_len or cfg.max_len)
+      self.method, self.plan = planner.engine_plan(model, self.method, config.slots, total, config.greedy_only)
     self.method.validate(cfg)
     self.method.check_target(model)
     self.random_init = config.init_state == "random"
