@@ -87,3 +87,42 @@ def test_wrong_heads_rejected_before_compiling():
   helpers.assert_rejected_before_compiling(model, args(heads=medusa), r"needs an 'mtp' head", ENTRY)
   helpers.assert_rejected_before_compiling(model, args(heads=heads, gamma=0), r"1 <= gamma", ENTRY)
   helpers.assert_rejected_before_compiling(model, args(heads=heads, branch=2.5), r"integer branch", ENTRY)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The bundled MTP model (tiny-raven-mtp)
+# ---------------------------------------------------------------------------------------------------
+BUNDLED = "tiny-raven-mtp"
+needs_bundled = pytest.mark.skipif(BUNDLED not in artefact.bundled_heads(), reason="no bundled tiny-raven-mtp head")
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_greedy_and_sampled_equal_ar():
+  model, heads = lj.load(BUNDLED), lj.load_heads(BUNDLED)
+  prompts = [model.tokenizer.encode(t).ids for t in ("ROMEO:\nI will", "Question: Tom has 3 apples and")]
+  want = helpers.ar_tokens(model, prompts, 24)
+  got = lj.generate(model, prompts, max_new_tokens=24, method="mtp", heads=heads)
+  assert got.tokens == want and got.stats["tau"] > 1.2, got.stats
+  kw = dict(temperature=1.0, top_p=0.9, seed=3)
+  got = lj.generate(model, prompts, max_new_tokens=24, method="mtp", heads=heads, gamma=2, branch=2, **kw)
+  assert got.tokens == helpers.ar_tokens(model, prompts, 24, **kw)
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_card_figures_reproduce_on_the_first_windows():
+  import json
+  import os
+
+  from loopspec_jax.train import data as D
+
+  model, heads = lj.load(BUNDLED), lj.load_heads(BUNDLED)
+  with open(os.path.join(heads.source, "eval.json")) as f:
+    want = json.load(f)["first_windows"]
+  ids = np.asarray(model.tokenizer.encode(D.heldout_shakespeare()).ids, np.int32)
+  t = model.config.max_len
+  windows = np.stack([ids[i * t : i * t + t + 1] for i in range(want["windows"])])
+  got = head.evaluate(model.params, heads.params, windows, model.config)
+  for k in ("main_loss", "mtp_loss", "mtp_top1", "mtp_agreement"):
+    assert abs(got[k] - want[k]) < 1e-4, (k, got[k], want[k])
