@@ -126,3 +126,11 @@ def test_bundled_card_figures_reproduce_on_the_first_windows():
   got = head.evaluate(model.params, heads.params, windows, model.config)
   for k in ("main_loss", "mtp_loss", "mtp_top1", "mtp_agreement"):
     assert abs(got[k] - want[k]) < 1e-4, (k, got[k], want[k])
+
+
+@needs_bundled
+def test_spec_string_names_the_bundled_head():
+  from loopspec_jax import methods
+
+  m = methods.build("mtp:heads=tiny-raven-mtp,branch=2")
+  assert m.heads.kind == "mtp" and m.branch == 2 and m.spec.startswith("mtp:heads=")
