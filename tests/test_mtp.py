@@ -25,14 +25,15 @@ def random_heads(model, seed=0):
   return head.make_heads(model, head.init_params(model.config, jax.random.PRNGKey(seed)), 0.3)
 
 
+@pytest.mark.slow  # a grad through the looped loss: minutes on the loaded host
 def test_mtp_loss_trains_the_module_and_the_backbone():
   """raven_loss with mtp_weight adds lambda * the MTP loss; its gradient reaches the module and the embedding."""
   cfg = helpers.tiny_config(NAME)
   params = dict(lj.from_config(cfg, seed=0).params, mtp=head.init_params(cfg, jax.random.PRNGKey(1)))
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 17), 0, cfg.vocab_size)
-  obj = T.Objective(mean_recurrence=2.0, max_recurrence=4, backprop_depth=2, aux_depths=(2,), mtp_weight=0.3)
+  obj = T.Objective(mean_recurrence=2.0, max_recurrence=2, backprop_depth=1, mtp_weight=0.3)
   (loss, m), grads = jax.value_and_grad(T.raven_loss, has_aux=True)(params, tokens, jax.random.PRNGKey(3), cfg, obj)
-  assert np.isclose(float(loss), float(m["main_loss"] + m["aux_loss"] + 0.3 * m["mtp_loss"]), rtol=1e-5)
+  assert np.isclose(float(loss), float(m["main_loss"] + 0.3 * m["mtp_loss"]), rtol=1e-5)
   assert float(jnp.abs(grads["mtp"]["proj"]).sum()) > 0 and float(jnp.abs(grads["embed"]).sum()) > 0
 
 
@@ -87,3 +88,50 @@ def test_wrong_heads_rejected_before_compiling():
   helpers.assert_rejected_before_compiling(model, args(heads=medusa), r"needs an 'mtp' head", ENTRY)
   helpers.assert_rejected_before_compiling(model, args(heads=heads, gamma=0), r"1 <= gamma", ENTRY)
   helpers.assert_rejected_before_compiling(model, args(heads=heads, branch=2.5), r"integer branch", ENTRY)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The bundled MTP model (tiny-raven-mtp)
+# ---------------------------------------------------------------------------------------------------
+BUNDLED = "tiny-raven-mtp"
+needs_bundled = pytest.mark.skipif(BUNDLED not in artefact.bundled_heads(), reason="no bundled tiny-raven-mtp head")
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_greedy_and_sampled_equal_ar():
+  model, heads = lj.load(BUNDLED), lj.load_heads(BUNDLED)
+  prompts = [model.tokenizer.encode(t).ids for t in ("ROMEO:\nI will", "Question: Tom has 3 apples and")]
+  want = helpers.ar_tokens(model, prompts, 24)
+  got = lj.generate(model, prompts, max_new_tokens=24, method="mtp", heads=heads)
+  assert got.tokens == want and got.stats["tau"] > 1.2, got.stats
+  kw = dict(temperature=1.0, top_p=0.9, seed=3)
+  got = lj.generate(model, prompts, max_new_tokens=24, method="mtp", heads=heads, gamma=2, branch=2, **kw)
+  assert got.tokens == helpers.ar_tokens(model, prompts, 24, **kw)
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_card_figures_reproduce_on_the_first_windows():
+  import json
+  import os
+
+  from loopspec_jax.train import data as D
+
+  model, heads = lj.load(BUNDLED), lj.load_heads(BUNDLED)
+  with open(os.path.join(heads.source, "eval.json")) as f:
+    want = json.load(f)["first_windows"]
+  ids = np.asarray(model.tokenizer.encode(D.heldout_shakespeare()).ids, np.int32)
+  t = model.config.max_len
+  windows = np.stack([ids[i * t : i * t + t + 1] for i in range(want["windows"])])
+  got = head.evaluate(model.params, heads.params, windows, model.config)
+  for k in ("main_loss", "mtp_loss", "mtp_top1", "mtp_agreement"):
+    assert abs(got[k] - want[k]) < 1e-4, (k, got[k], want[k])
+
+
+@needs_bundled
+def test_spec_string_names_the_bundled_head():
+  from loopspec_jax import methods
+
+  m = methods.build("mtp:heads=tiny-raven-mtp,branch=2")
+  assert m.heads.kind == "mtp" and m.branch == 2 and m.spec.startswith("mtp:heads=")

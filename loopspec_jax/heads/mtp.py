@@ -36,6 +36,7 @@ from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
 
 KIND = "mtp"
+FIRST_WINDOWS = 4  # eval.json also holds the figures of the first few held-out windows (tests reproduce them)
 
 
 def param_shapes(cfg: ModelConfig) -> dict:
@@ -186,6 +187,7 @@ def export(model, head_params, c, windows, steps: int, command: str) -> str:
     if not os.path.isabs(out):
       out = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), out)
     artefact.save(out, make_heads(model, head_params, c.mtp_weight), card=f"# {c.name} (MTP head)\n" + text)
+    first = evaluate(model.params, head_params, windows[:FIRST_WINDOWS], model.config)  # what a test reproduces
     with open(os.path.join(out, "eval.json"), "w") as f:
-      json.dump(ev, f, indent=1)
+      json.dump(dict(ev, first_windows=first), f, indent=1)
   return text
