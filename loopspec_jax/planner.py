@@ -304,20 +304,20 @@ def measured_shortlist(ranked: List[Candidate], draft_model=None) -> List[Method
   return out
 
 
-def measure(run, shortlist: List[Method], budget: int, rounds: int = 2) -> dict:
+def measure(run, shortlist: List[Method], budget: int, rounds: int = 3) -> dict:
   """method -> (tokens / iteration, seconds / iteration) of `budget` new tokens of these requests: one run
   each that compiles (into the method's own jit cache, which the planned call then reuses), then `rounds`
-  timed runs in alternating order; seconds are the fastest round's (the least disturbed on a shared host)."""
+  timed runs in alternating order; seconds are the median round's (results/bench_auto/vm-2026-12-03: the
+  fastest of 2 rounds rewarded whichever candidate met a quiet moment of a loaded host)."""
   for m in shortlist:
     run(m, budget)
-  best = {}
+  per = {m: [] for m in shortlist}
   for r in range(rounds):
     for m in shortlist if r % 2 == 0 else shortlist[::-1]:
       c = run(m, budget).counts
       iters = max(c.totals.get("iterations", 0), 1)
-      per = (c.tokens / c.requests / iters, c.totals["decode_seconds"] / iters)
-      best[m] = per if m not in best or per[1] < best[m][1] else best[m]
-  return best
+      per[m].append((c.totals["decode_seconds"] / iters, c.tokens / c.requests / iters))
+  return {m: (sorted(v)[len(v) // 2][1], sorted(v)[len(v) // 2][0]) for m, v in per.items()}
 
 
 def _predicted(cfg, m, hw, batch, context, curve) -> Optional[Candidate]:
@@ -363,7 +363,7 @@ def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Au
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
     got = measure(run, shortlist, budget)
     ranked = sorted((Candidate(m, t, s, batch) for m, (t, s) in got.items()), key=lambda c: -c.tokens_per_s)
-    basis = f"measured on these requests ({budget} new tokens, fastest of 2 rounds)"
+    basis = f"measured on these requests ({budget} new tokens, median of 3 rounds)"
   ar = next(c for c in ranked if isinstance(c.method, AR))
   best = ranked[0]
   if best.tokens_per_s < AR_MARGIN * ar.tokens_per_s:
