@@ -23,7 +23,9 @@ its own exact prefix cache. Each round first runs a catch-up window of the gamma
 root p0 through the drafter in one batched pass (this rewrites the positions committed last round, at most
 gamma + 1, whatever the tree drafted; earlier ones are rewritten with the same values), which yields the root's
 q; levels 1..gamma-1 then read that cache below p0 + 1 and write nothing. drafts="sample" (the default when
-sampling) draws the children from q; drafts="topk" (always when greedy) takes the top tokens.
+sampling) draws the children i.i.d. from q; drafts="distinct" draws them without replacement (verified by the
+matching without-replacement rule, `specinfer.verify_multistep(replacement=False)`); drafts="topk" (always
+when greedy) takes the top tokens.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from loopspec_jax.models import looped as M
 
 ACCEPT_GUESS = 0.7
 DEFAULTS = {"gamma": 5, "branch": 3, "tree_nodes": 24}
-DRAFTS = ("sample", "topk")
+DRAFTS = ("sample", "distinct", "topk")  # i.i.d. children / without replacement / top tokens
 
 
 def pool_size(branch: int, gamma: int) -> int:
@@ -119,13 +121,31 @@ def static_shape(gamma: int, branch: int, tree_nodes: int) -> Shape:
   return Shape(parent=parent, depth=depth, rank=rank, expand=expand)
 
 
-def expand(shape: Shape, root, logits0, run, past, sp, keys, *, branch: int, sample: bool):
+def _draw_children(q, slot, ranks, kids, keys, replacement: bool):
+  """[B, n_kids] tokens: kid j drawn from q[:, slot[j]] with key fold_in(keys, kids[j]); without replacement,
+  rank by rank, each from its parent's q with the earlier ranks' tokens removed (renormalised)."""
+  ck = jax.vmap(lambda kk: jax.vmap(lambda i: jax.random.fold_in(kk, i))(jnp.asarray(kids)))(keys)  # [B, n]
+  if replacement:
+    return jax.vmap(jax.vmap(sampling.sample_token))(ck, q[:, slot])
+  ranks = np.asarray(ranks)
+  left = q  # [B, F, V]
+  out = jnp.zeros(ck.shape[:1] + (len(kids),), jnp.int32)
+  for r in range(int(ranks.max()) + 1):
+    js = np.flatnonzero(ranks == r)
+    tok = jax.vmap(jax.vmap(sampling.sample_token))(ck[:, js], left[:, slot[js]])  # [B, n_r]
+    out = out.at[:, js].set(tok)
+    left = left.at[jnp.arange(q.shape[0])[:, None], slot[js][None, :], tok].set(0.0)
+  return out
+
+
+def expand(shape: Shape, root, logits0, run, past, sp, keys, *, branch: int, sample: bool, replacement: bool = True):
   """The round's tree (`verify.Tree` [B, K]) and the drafter's q at every node [B, K, V] (None unless sample).
 
   root [B] the last committed token; logits0 [B, 1, V] the drafter's readout at the root; run(level, toks
   [B, F], past, past_mask [B, F, n_runs before]) -> (logits [B, F, V], this level's entries) runs the level's
   expanded nodes (`past`: the entries of the runs so far, appended here with `self_spec._append`); keys [B]
-  per request and round (sampled children: fold_in of the node index)."""
+  per request and round (sampled children: fold_in of the node index; replacement=False: siblings drawn
+  without replacement, for `specinfer.verify_round(replacement=False)`)."""
   from loopspec_jax.decoding.tree.self_spec import _append  # self_spec imports this module
 
   b = root.shape[0]
@@ -145,8 +165,7 @@ def expand(shape: Shape, root, logits0, run, past, sp, keys, *, branch: int, sam
     if sample:
       q = common.row_distributions(logits, sp)  # [B, F, V]
       q_all = q_all.at[:, list(exp)].set(q)
-      ck = jax.vmap(lambda kk: jax.vmap(lambda i: jax.random.fold_in(kk, i))(jnp.asarray(kids)))(keys)
-      new_tok = jax.vmap(jax.vmap(sampling.sample_token))(ck, q[:, slot])
+      new_tok = _draw_children(q, slot, [shape.rank[i] for i in kids], kids, keys, replacement)
     else:
       top = jax.lax.top_k(logits.astype(jnp.float32), branch)[1]  # [B, F, branch]
       new_tok = top[:, slot, np.asarray([shape.rank[i] for i in kids])]
@@ -184,7 +203,7 @@ def catch_up(dparams, dcache, tokens, p0, width: int, dlayout, dcfg: ModelConfig
 
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "dcfg", "gamma", "branch", "tree_nodes", "sample", "greedy", "random_init"),
+    static_argnames=("cfg", "dcfg", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 def decode_loop(
@@ -198,19 +217,20 @@ def decode_loop(
     gamma: int,
     branch: int,
     tree_nodes: int,
-    sample: bool,
+    drafts: str,
     greedy: bool,
     random_init: bool,
 ):
   """Rounds of (the drafter expands a static tree, one full-depth target pass verifies it) until all are done.
-  state.extra is the drafter's KV cache."""
+  state.extra is the drafter's KV cache; drafts: one of DRAFTS (greedy decoding always takes "topk")."""
   from loopspec_jax.decoding.tree.self_spec import run_level
 
   params = M.prepare_params(params, cfg)
   dparams = M.prepare_params(dparams, dcfg)
   layout, dlayout = kvcache.CacheLayout.of(cfg, 1), kvcache.CacheLayout.of(dcfg, 1)
   shape = static_shape(gamma, branch, tree_nodes)
-  sample = sample and not greedy
+  sample = drafts != "topk" and not greedy
+  repl = drafts == "sample"
   vkw = dict(cfg=cfg, layout=layout, readouts=((cfg.recurrence, 0),), max_depth=gamma, random_init=random_init)
 
   def round_(st: tv.TreeState) -> tv.TreeState:
@@ -222,10 +242,13 @@ def decode_loop(
       pm = pm[:, :, 1:]
       return run_level(dparams, dcache, dlayout, toks, p0 + 1, lvl - 1, past, pm, dcfg.recurrence, dcfg, None)
 
-    tree, q = expand(shape, st.tokens[bi, p0], logits0, run, None, sp, draft_keys(sp, p0), branch=branch, sample=sample)
+    keys = draft_keys(sp, p0)
+    tree, q = expand(
+        shape, st.tokens[bi, p0], logits0, run, None, sp, keys, branch=branch, sample=sample, replacement=repl
+    )
     st = st.replace(extra=dcache)
     if sample:
-      return specinfer.verify_round(params, st, sp, tree, q, **vkw)
+      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, **vkw)
     return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
 
   return common.loop_until_done(round_, state, sp)
@@ -298,13 +321,12 @@ def resolve(cfg: ModelConfig, gamma, branch, tree_nodes, drafts, method: str = "
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_model, **envelope) -> common.Decoder:
   """The Decoder of a draft-model tree (drafts default to "sample"; greedy decoding always takes top-k)."""
   env = resolve(cfg, **envelope)
-  sample = env.pop("drafts") != "topk"
+  drafts = "topk" if greedy else env.pop("drafts") or "sample"
+  env.pop("drafts", None)
   dcfg = draft_model.config
   init_kw = {"dparams": draft_model.params, "cfg": cfg, "dcfg": dcfg}
-  loop_kw = dict(init_kw, **env, sample=sample, greedy=greedy, random_init=random_init)
-  settings = dict(
-      env, draft_model=draft_model.source or dcfg.family, drafts="sample" if sample and not greedy else "topk"
-  )
+  loop_kw = dict(init_kw, **env, drafts=drafts, greedy=greedy, random_init=random_init)
+  settings = dict(env, draft_model=draft_model.source or dcfg.family, drafts=drafts)
   return common.Decoder(
       name="draft",
       readout_depths=(cfg.recurrence,),

@@ -159,7 +159,9 @@ def expand_tree(level, carry, root, *, gamma: int, branch: int, tree_nodes: int)
   return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes), carry
 
 
-def draft_tree_sampled(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init):
+def draft_tree_sampled(
+    params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init, replacement=True
+):
   """drafts="sample": (tree, q [B, K, V]) of the static shape `draft_tree.static_shape(gamma, branch,
   tree_nodes)`, every expanded node's children drawn i.i.d. from q = process_logits(its depth-d1 readout)."""
   b = tokens.shape[0]
@@ -175,7 +177,8 @@ def draft_tree_sampled(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma,
     return run_level(params, cache, layout, toks, p0, lvl, past, pm, d1, cfg, noise(lvl, toks.shape[1]))
 
   shape = dt.static_shape(gamma, branch, tree_nodes)
-  return dt.expand(shape, root, logits0, run, past, sp, dt.draft_keys(sp, p0), branch=branch, sample=True)
+  keys = dt.draft_keys(sp, p0)
+  return dt.expand(shape, root, logits0, run, past, sp, keys, branch=branch, sample=True, replacement=replacement)
 
 
 def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
@@ -198,7 +201,7 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
 # ---------------------------------------------------------------------------------------------------
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "sample", "greedy", "random_init"),
+    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 def decode_loop(
@@ -211,12 +214,13 @@ def decode_loop(
     gamma: int,
     branch: int,
     tree_nodes: int,
-    sample: bool,
+    drafts: str,
     greedy: bool,
     random_init: bool,
 ):
   """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done.
-  sample (ignored when greedy): drafts="sample", a static tree of drawn children and multi-step verification."""
+  drafts (ignored when greedy) "sample" / "distinct": a static tree of children drawn with / without
+  replacement and the matching multi-step verification; "topk": the EAGLE-2 tree of `draft_tree`."""
   params = M.prepare_params(params, cfg)
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
   envelope = dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes, random_init=random_init)
@@ -225,9 +229,10 @@ def decode_loop(
 
   def round_(st: tv.TreeState) -> tv.TreeState:
     p0 = st.length - 1
-    if sample and not greedy:
-      tree, q = draft_tree_sampled(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
-      return specinfer.verify_round(params, st, sp, tree, q, **vkw)
+    if drafts != "topk" and not greedy:
+      repl = drafts == "sample"
+      tree, q = draft_tree_sampled(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope, replacement=repl)
+      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, **vkw)
     tree = draft_tree(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
     return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
 
@@ -242,10 +247,10 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
 
 def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int, drafts: str):
   """Raw counts of a tree self-speculation run (figures: `verify.tree_figures`). Per round the drafting runs
-  1 + (gamma - 1) * branch rows to depth d1 (drafts="sample": the static shape's expanded nodes); the verify
-  pass runs 1 + tree_nodes rows through all R steps (and the coda once more at d1)."""
+  1 + (gamma - 1) * branch rows to depth d1 (drafts="sample" / "distinct": the static shape's expanded
+  nodes); the verify pass runs 1 + tree_nodes rows through all R steps (and the coda once more at d1)."""
   r = cfg.recurrence
-  sampled = drafts == "sample"
+  sampled = drafts != "topk"
   draft_rows = len(dt.static_shape(gamma, branch, tree_nodes).runs) if sampled else 1 + (gamma - 1) * branch
   coda = cfg.n_coda if cfg.is_raven else 0
   return common.DecodeStats.of_loop(
@@ -307,8 +312,8 @@ def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None) -> dic
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelope) -> common.Decoder:
   env = resolve(cfg, **envelope)
-  drafts = env.pop("drafts")
-  sample = drafts == "sample" and not greedy
+  drafts = "topk" if greedy else env.pop("drafts")
+  env.pop("drafts", None)
   return common.Decoder(
       name="tree",
       readout_depths=(env["d1"], cfg.recurrence),
@@ -316,9 +321,9 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
       extra_positions=env["gamma"] + 1,
       init=initial_state,
       loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env, drafts="sample" if sample else "topk"),
+      stats=functools.partial(summarize, cfg=cfg, **env, drafts=drafts),
       init_kw={"cfg": cfg},
-      loop_kw=dict(env, cfg=cfg, sample=sample, greedy=greedy, random_init=random_init),
+      loop_kw=dict(env, cfg=cfg, drafts=drafts, greedy=greedy, random_init=random_init),
   )
 
 
@@ -326,8 +331,9 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
 class TreeSelf(Method):
   """Tree self-speculation: a tree of `tree_nodes` drafts from the top-`branch` tokens of the depth-`d1`
   readout, `gamma` levels deep, verified in one full-depth pass (defaults d1=2, gamma=6, branch=4, 32 nodes).
-  drafts="sample" (when sampling): a static tree whose children are drawn from the readout's q, verified by
-  SpecInfer's multi-step rule (exact in distribution, not token-identical to AR); default "topk"."""
+  drafts="sample" / "distinct" (when sampling): a static tree whose children are drawn from the readout's q
+  with / without replacement, verified by the matching multi-step rule (exact in distribution, not
+  token-identical to AR); default "topk"."""
 
   name = "tree"
   positional = ("d1", "gamma", "branch", "tree_nodes")

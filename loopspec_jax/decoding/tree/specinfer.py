@@ -35,12 +35,19 @@ def _residual(p, q, renormalize: bool):
   return jnp.where(s > 0, r / jnp.where(s > 0, s, 1.0), p / jnp.sum(p))
 
 
-def verify_multistep(key, tokens, parent, valid, p, q, max_depth: int, renormalize: bool = True):
+def verify_multistep(
+    key, tokens, parent, valid, p, q, max_depth: int, renormalize: bool = True, replacement: bool = True
+):
   """-> (n_accepted int32, path [max_depth + 1] node index per depth (0 past n), next token int32).
 
   tokens / parent / valid [K] a topological tree (node 0 the root; siblings in index order); p [K, V] the
   target at every node; q [K, V] the drafter's distribution at every node, from which that node's children
   were drawn. One uniform per (depth, node) for the acceptance tests and one for the final draw.
+
+  replacement=False: the children were drawn WITHOUT replacement (sibling i from q with siblings 1..i-1
+  removed, renormalised): sibling i is then tested against that q_i and the residual is taken against q_i
+  (recursive rejection sampling; exact for the same reason, each step being one speculative-sampling step of
+  a fresh proposal given the history). A sibling whose q_i has no mass left is skipped.
   """
   k = tokens.shape[0]
   ua, uf = jnp.split(jax.random.uniform(key, (max_depth * k + 1,), jnp.float32), [max_depth * k])
@@ -53,13 +60,17 @@ def verify_multistep(key, tokens, parent, valid, p, q, max_depth: int, renormali
     u, cur, stopped, final, n, path = carry
 
     def sibling(j, c):
-      cur_p, moved = c
-      is_child = (parent[j] == u) & valid[j] & (idx[j] > 0) & (moved < 0) & ~stopped
-      acc = is_child & (ua[d, j] < acceptance_prob(cur_p, q[u], tokens[j]))
-      cur_p = jnp.where(is_child & ~acc, _residual(cur_p, q[u], renormalize), cur_p)
-      return cur_p, jnp.where(acc, j, moved)
+      cur_p, moved, left = c
+      mass = jnp.sum(left)
+      q_j = left / jnp.where(mass > 0, mass, 1.0)
+      is_child = (parent[j] == u) & valid[j] & (idx[j] > 0) & (moved < 0) & ~stopped & (mass > 0)
+      acc = is_child & (ua[d, j] < acceptance_prob(cur_p, q_j, tokens[j]))
+      cur_p = jnp.where(is_child & ~acc, _residual(cur_p, q_j, renormalize), cur_p)
+      if not replacement:  # the next sibling was drawn with this one removed
+        left = jnp.where(is_child, left.at[tokens[j]].set(0.0), left)
+      return cur_p, jnp.where(acc, j, moved), left
 
-    res_p, moved = jax.lax.fori_loop(0, k, sibling, (cur, jnp.int32(-1)))
+    res_p, moved, _ = jax.lax.fori_loop(0, k, sibling, (cur, jnp.int32(-1), q[u]))
     adv = moved >= 0
     final = jnp.where(~stopped & ~adv, res_p, final)
     stopped = stopped | ~adv
@@ -73,7 +84,9 @@ def verify_multistep(key, tokens, parent, valid, p, q, max_depth: int, renormali
   return n.astype(jnp.int32), path, sample_with_uniform(uf[0], final)
 
 
-def verify_round(params, st, sp, tree, q, *, cfg, layout, readouts, max_depth: int, random_init: bool):
+def verify_round(
+    params, st, sp, tree, q, *, cfg, layout, readouts, max_depth: int, random_init: bool, replacement: bool = True
+):
   """`verify.verify_round` for a tree of SAMPLED drafts (q [B, K, V]: the drafter's distribution at every
   node, from which that node's children were drawn i.i.d.): one full-depth pass of every node, the target's
   processed p at every node, `verify_multistep` per request (key: request, p0 + 1, PURPOSE_VERIFY; p0 names
@@ -89,7 +102,7 @@ def verify_round(params, st, sp, tree, q, *, cfg, layout, readouts, max_depth: i
   keys = jax.vmap(lambda rid, pos: sampling.request_key(sp.base_key, rid, pos, sampling.PURPOSE_VERIFY))(
       sp.request_ids, p0 + 1
   )
-  rule = lambda *a: verify_multistep(*a, max_depth)
+  rule = lambda *a: verify_multistep(*a, max_depth, replacement=replacement)
   n_acc, path, nxt = jax.vmap(rule)(keys, tree.tokens, tree.parent, tree.valid, p, q)
   cache = tv.write_path(st.cache, layout, entries, path, p0, n_acc, after)
   drafts = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
