@@ -110,11 +110,11 @@ def test_sampled_top_p_equals_ar_on_repeats():
 def test_candidates_one_is_the_chain_path():
   cfg = tiny_model("huginn:tiny").config
   one = methods.parse("lookup:3,4").make_decoder(cfg, greedy=True, random_init=False)
-  also = methods.parse("lookup:3,4,1").make_decoder(cfg, greedy=True, random_init=False)
-  many = methods.parse("lookup:3,4,4").make_decoder(cfg, greedy=True, random_init=False)
+  also = methods.parse("lookup:3,4,candidates=1").make_decoder(cfg, greedy=True, random_init=False)
+  many = methods.parse("lookup:3,4,candidates=4").make_decoder(cfg, greedy=True, random_init=False)
   assert one.loop is also.loop is lookup.decode_loop and one.loop_kw == also.loop_kw
   assert many.loop is lt.decode_loop and many.loop_kw["candidates"] == 4
-  assert methods.parse("lookup:3,4,4") == methods.build("lookup", ngram=3, gamma=4, candidates=4)
+  assert methods.parse("lookup:3,4,candidates=4") == methods.build("lookup", ngram=3, gamma=4, candidates=4)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_hf_fixtures_greedy_equals_oracle_and_ar(name):
   model, prompts, oracle = helpers.fixture_batch(name)
   want = loopspec_jax.generate(model, prompts, max_new_tokens=len(oracle), method="ar")
   assert want.tokens[0] == oracle
-  got = loopspec_jax.generate(model, prompts, max_new_tokens=len(oracle), method="lookup:2,3,3")
+  got = loopspec_jax.generate(model, prompts, max_new_tokens=len(oracle), method="lookup:2,3,candidates=3")
   assert got.tokens == want.tokens, got.stats
 
 
@@ -159,5 +159,5 @@ def test_bundled_tiny_raven_greedy_and_sampled_equal_ar():
   prompts = [model.encode(t) for t in text] + [list(range(5, 17))]
   for kw in (dict(), dict(temperature=1.0, top_k=50, seed=4), dict(temperature=1.0, top_p=0.9, seed=5)):
     want = loopspec_jax.generate(model, prompts, max_new_tokens=24, method="ar", **kw)
-    got = loopspec_jax.generate(model, prompts, max_new_tokens=24, method="lookup:3,4,4", **kw)
+    got = loopspec_jax.generate(model, prompts, max_new_tokens=24, method="lookup:3,4,candidates=4", **kw)
     assert got.tokens == want.tokens, (kw, got.stats)

@@ -43,7 +43,7 @@ def get_config(arg=None):
     c.max_new_tokens = 12
     c.repeats = 1
     c.samplings = ["greedy"]
-    c.methods = ["ar", "chain:d1=2,gamma=3", "tree:d1=2,gamma=3,branch=2,tree_nodes=6", "lookup:3,3,2"]
+    c.methods = ["ar", "chain:d1=2,gamma=3", "tree:d1=2,gamma=3,branch=2,tree_nodes=6", "lookup:3,3,candidates=2"]
     c.out_dir = "results/trees/bench_quick"
   elif arg:
     raise ValueError(f"unknown preset {arg!r}; known: quick")

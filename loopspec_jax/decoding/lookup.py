@@ -132,7 +132,7 @@ class Lookup(Method):
   with `candidates` > 1 the continuations of that many distinct matches, verified as one tree."""
 
   name = "lookup"
-  positional = ("ngram", "gamma", "candidates")
+  positional = ("ngram", "gamma")
   separate_drafter = True
   ngram: Optional[int] = None
   gamma: Union[int, str, None] = None
