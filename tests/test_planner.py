@@ -113,6 +113,7 @@ def test_engine_serves_the_planned_method(quick_planner):
   assert eng.plan["basis"] == "predicted" and eng.plan["depth_curve"]["source"] == "envelope"
 
 
+@pytest.mark.slow
 def test_lm_eval_backend_takes_auto(quick_planner):
   pytest.importorskip("lm_eval")
   from loopspec_jax.integrations import lm_eval as backend
