@@ -36,6 +36,7 @@ def test_pool_is_the_cartesian_product_tree():
   assert dm.pool_size(4, 4) == 340
 
 
+@pytest.mark.slow  # 13 s of compiling on a quiet host
 def test_tree_takes_each_heads_top_tokens_and_is_closed_under_ancestors():
   model = tiny_model("huginn:tiny", 0.05)
   heads = random_heads(model, k=3)
@@ -51,7 +52,10 @@ def test_tree_takes_each_heads_top_tokens_and_is_closed_under_ancestors():
       assert tok[i] in top[b, dep[i] - 1].tolist()
 
 
-@pytest.mark.parametrize("spec,contraction", [("huginn:tiny", None), ("huginn:tiny", 0.05), ("ouro:tiny", None)])
+@pytest.mark.parametrize(
+    "spec,contraction",
+    [("huginn:tiny", None), ("huginn:tiny", 0.05), pytest.param("ouro:tiny", None, marks=pytest.mark.slow)],
+)
 def test_greedy_equals_ar_with_random_heads(spec, contraction):
   """Prompts of lengths 3, 7, 5 and a one-token prompt in one batch."""
   model = tiny_model(spec, contraction)

@@ -44,7 +44,13 @@ def test_candidates_are_valid_and_ranked():
   assert ar.tokens_per_iteration == 1.0
 
 
-@pytest.mark.parametrize("auto", [planner.Auto(probe_tokens=8, measure=0), "auto:probe_tokens=0,shortlist=0,measure=0"])
+@pytest.mark.parametrize(
+    "auto",
+    [
+        planner.Auto(probe_tokens=8, measure=0),
+        pytest.param("auto:probe_tokens=0,shortlist=0,measure=0", marks=pytest.mark.slow),
+    ],
+)
 def test_auto_greedy_equals_ar_and_reports_its_choice(auto):
   model = helpers.tiny_model("huginn:tiny")
   out = lj.generate(model, helpers.PROMPTS, max_new_tokens=helpers.MAX_NEW, method=auto)

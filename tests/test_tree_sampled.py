@@ -212,7 +212,7 @@ CASES = {
     "draft-distinct": (small_target, dict(method="draft", draft_model=None, drafts="distinct", **SMALL)),
     "tree-distinct": (self_target, dict(method="tree", d1=1, drafts="distinct", **SMALL)),
 }
-DEFAULT_CASES = ("tree",)  # the draft-tree case (~30 s) runs with -m slow
+DEFAULT_CASES = ()  # each case is 25-30 s on a quiet host: the statistics run with -m slow
 
 
 def sampled_counts(case: str, seed: int):
@@ -239,7 +239,7 @@ def test_sampled_tree_matches_exact_enumeration(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", DEFAULT_CASES)
+@pytest.mark.parametrize("case", ("draft", "tree"))
 def test_unnormalised_residual_fails_the_same_test(case, monkeypatch):
   """The residual max(p - q, 0) left unnormalised (later siblings' ratios shrink): the same test rejects."""
   original = specinfer._residual
