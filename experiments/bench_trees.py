@@ -15,6 +15,11 @@ in that repeat divided by the method's (speed vs AR), and whether the tokens equ
 copies of AR's draws can; chain-style speculative sampling is exact in distribution, not in tokens). tau is
 a property of the tokens and does not depend on the host's load; wall clock does. The issue's target line
 (tau_tree >= tau_chain + share (gamma + 1 - tau_chain), same d1 and gamma) is printed below the table.
+A method entry 'spec@model' runs on another target model (e.g. 'mtp:heads=tiny-raven-mtp@tiny-raven-mtp': MTP
+drafts from its own model); each such model needs its own 'ar@model' row, the reference of its rows' "= AR"
+and speed. With `heads_target` (the `:heads` preset, issue 27) the report adds per-level acceptance (EAGLE),
+the EAGLE line (tau >= heads_target.eagle_tau and above Medusa's) and every drafting row's
+(tau - 1) / draft share against the best chain row's.
 Results go to out_dir/bench_trees.json and out_dir/table.md (docs blocks copy table.md; `docs_tables`).
 """
 
@@ -64,37 +69,75 @@ def row_figures(stats: dict) -> dict:
   }
 
 
-def run_group(model, prompts, specs: list, sampling: dict, cfg, log) -> list:
-  """All methods on one batch of prompts under one sampling mode; one row per method."""
-  parsed = methods_lib.parse_list(specs)
-  if parsed[0].name != "ar":
-    raise ValueError(f"the first method must be 'ar' (the reference), got {specs[0]!r}")
-  n = len(specs)
-  secs = {i: [] for i in range(n)}
+def split_entry(entry: str):
+  """'spec@model' -> (spec, model name); 'spec' -> (spec, None): the row runs on the config's `model`."""
+  spec, sep, model = entry.rpartition("@")
+  if not sep:
+    return entry.strip(), None
+  if not spec.strip() or not model.strip():
+    raise ValueError(f"method entry {entry!r}: expected 'spec' or 'spec@model'")
+  return spec.strip(), model.strip()
+
+
+def plan_jobs(entries: list, models: dict, prompts: dict, default: str) -> list:
+  """One job per method entry: its spec, parsed method, model name and prompts, and `ref`, the index of the
+  AR job on the same model (its reference of tokens and wall clock). Every model needs an 'ar' row."""
+  jobs = []
+  for entry in entries:
+    spec, name = split_entry(entry)
+    name = name or default
+    jobs.append({"entry": entry, "spec": spec, "model_name": name, "model": models[name], "prompts": prompts[name]})
+  parsed = methods_lib.parse_list([j["spec"] for j in jobs])
+  if parsed[0].name != "ar" or jobs[0]["model_name"] != default:
+    raise ValueError(f"the first method must be 'ar' on the config's model (the reference), got {entries[0]!r}")
+  refs = {}
+  for i, (job, method) in enumerate(zip(jobs, parsed)):
+    job["method"] = method
+    if method.name == "ar":
+      refs.setdefault(job["model_name"], i)
+  for job in jobs:
+    if job["model_name"] not in refs:
+      raise ValueError(f"{job['entry']!r} runs on {job['model_name']!r}, which has no 'ar@{job['model_name']}' row")
+    job["ref"] = refs[job["model_name"]]
+  return jobs
+
+
+def run_group(jobs: list, sampling: dict, cfg, log) -> list:
+  """All methods on one batch of prompts (per model) under one sampling mode; one row per method."""
+  n = len(jobs)
+  secs = {i: {} for i in range(n)}
   last = {}
   for rep in range(cfg.repeats + 1):  # rep 0 compiles and is not timed
     for i in [(rep + k) % n for k in range(n)]:
+      job = jobs[i]
       res = loopspec_jax.generate(
-          model, prompts, max_new_tokens=cfg.max_new_tokens, method=parsed[i], seed=cfg.seed, **sampling
+          job["model"],
+          job["prompts"],
+          max_new_tokens=cfg.max_new_tokens,
+          method=job["method"],
+          seed=cfg.seed,
+          **sampling,
       )
       last[i] = res
       if rep:
-        secs[i].append((rep, res.stats["decode_seconds"]))
+        secs[i][rep] = res.stats["decode_seconds"]
       fig = row_figures(res.stats)
-      log(f"  rep {rep} {specs[i]}: {res.stats['decode_seconds']:.2f} s, tau {fig['tau']:.2f}")
-  ar_by_rep = dict(secs[0])
+      log(f"  rep {rep} {job['entry']}: {res.stats['decode_seconds']:.2f} s, tau {fig['tau']:.2f}")
   rows = []
-  for i, spec in enumerate(specs):
-    times = [s for _, s in secs[i]]
+  for i, job in enumerate(jobs):
+    ref = job["ref"]
+    times = list(secs[i].values())
     rows.append(
         {
-            "method": spec,
-            "label": parsed[i].label,
+            "method": job["entry"],
+            "label": job["method"].label,
+            "model": job["model_name"],
             **row_figures(last[i].stats),
+            "level_acceptance": last[i].stats.get("level_acceptance"),
             "decode_seconds": times,
             "decode_seconds_median": statistics.median(times),
-            "speed_vs_ar_median": statistics.median(ar_by_rep[r] / s for r, s in secs[i]),
-            "identical_to_ar": last[i].tokens == last[0].tokens,
+            "speed_vs_ar_median": statistics.median(secs[ref][r] / s for r, s in secs[i].items()),
+            "identical_to_ar": last[i].tokens == last[ref].tokens,
         }
     )
   return rows
@@ -145,11 +188,78 @@ def target_lines(rows: list, gamma: int, share: float) -> str:
   return "\n".join(out)
 
 
+def _name(row) -> str:
+  return split_entry(row["method"])[0].partition(":")[0]
+
+
+def efficiency(row):
+  """(tau - 1) / draft share: tokens gained per verify pass over AR's 1, per unit of drafting's share of the
+  layer calls; None where the row drafts nothing or has no verify passes (LoopSpec)."""
+  share = row["draft_cost_share"]
+  if not share or row["tau_release_scale"]:
+    return None
+  return (row["tau"] - 1.0) / share
+
+
+def heads_lines(rows: list, eagle_tau: float) -> str:
+  """The heads table's target lines per task and sampling: EAGLE tau >= eagle_tau and above Medusa's best, and
+  every drafting row's (tau - 1) / draft share against the best chain row's."""
+  out = []
+  for key in dict.fromkeys((r["task"], r["sampling"]) for r in rows):
+    group = [r for r in rows if (r["task"], r["sampling"]) == key]
+    medusa = max((r["tau"] for r in group if _name(r) == "medusa"), default=None)
+    for r in (r for r in group if _name(r) == "eagle"):
+      ok = r["tau"] >= eagle_tau and (medusa is None or r["tau"] > medusa)
+      out.append(
+          f"- {key[0]} {key[1]} {r['method']}: tau {r['tau']:.2f}; target >= {eagle_tau:.1f} and > Medusa's "
+          f"{_fmt(medusa)}: {'met' if ok else 'NOT met'}"
+      )
+    chains = [(efficiency(r), r) for r in group if _name(r) == "chain" and efficiency(r) is not None]
+    best = max(chains, key=lambda c: c[0]) if chains else None
+    for r in group:
+      e = efficiency(r)
+      if e is None or _name(r) == "chain":
+        continue
+      vs = "" if best is None else f"; {'beats' if e > best[0] else 'below'} {best[1]['method']} ({best[0]:.1f})"
+      out.append(f"- {key[0]} {key[1]} {r['method']}: (tau - 1) / draft share = {e:.1f}{vs}")
+  return "\n".join(out)
+
+
+def level_table(rows: list) -> str:
+  """Per-level acceptance of the rows that report it (EAGLE): rounds accepting a depth-k draft among those
+  that accepted depth k - 1."""
+  have = [r for r in rows if r.get("level_acceptance")]
+  if not have:
+    return ""
+  g = max(len(r["level_acceptance"]) for r in have)
+  lines = [
+      "| task | sampling | method | " + " | ".join(f"k={k}" for k in range(1, g + 1)) + " |",
+      "|" + "---|" * (g + 3),
+  ]
+  for r in have:
+    cells = " | ".join(f"{a:.3f}" for a in r["level_acceptance"])
+    lines.append(f"| {r['task']} | {r['sampling']} | {r['method']} | {cells} |")
+  return "\n".join(lines)
+
+
 def report(rows: list, cfg) -> str:
   text = table(rows)
-  lines = target_lines(rows, cfg.target.gamma, cfg.target.share)
-  note = "\\* LoopSpec: mean accepted length on the release's R-step scale (it has no verify passes)."
-  return text + "\n\n" + note + ("\n\n" + lines if lines else "") + "\n"
+  notes = ["\\* LoopSpec: mean accepted length on the release's R-step scale (it has no verify passes)."]
+  if any(r.get("model") not in (None, cfg.model) for r in rows):
+    notes.append(
+        "`spec@model`: the row runs on that target model instead of " + cfg.model + ", and its `= AR` and speed "
+        "are against that model's own `ar@model` row."
+    )
+  parts = [text, "\n".join(notes)]
+  lines = target_lines(rows, cfg.target.gamma, cfg.target.share) if cfg.target else ""
+  if cfg.get("heads_target"):
+    levels = level_table(rows)
+    if levels:
+      parts.append(
+          "Per-level acceptance (rounds accepting depth k among those that accepted depth k - 1):\n\n" + levels
+      )
+    lines = "\n".join(filter(None, [lines, heads_lines(rows, cfg.heads_target.eagle_tau)]))
+  return "\n\n".join(parts + ([lines] if lines else [])) + "\n"
 
 
 def main(argv):
@@ -162,6 +272,12 @@ def main(argv):
     common.atomic_write_text(os.path.join(cfg.out_dir, "table.md"), report(rows, cfg))
     print(report(rows, cfg))
     return
+  run_bench(cfg)
+
+
+def run_bench(cfg) -> list:
+  """Runs the config's table (module docstring) into cfg.out_dir; returns its rows."""
+  path = os.path.join(cfg.out_dir, "bench_trees.json")
   os.makedirs(cfg.out_dir, exist_ok=True)
   logf = open(os.path.join(cfg.out_dir, "log.txt"), "a")
 
@@ -171,18 +287,22 @@ def main(argv):
     logf.write(line + "\n")
     logf.flush()
 
-  model = loopspec_jax.load(cfg.model)
+  entries = list(cfg.methods)
+  names = [cfg.model] + sorted({m for _, m in map(split_entry, entries) if m and m != cfg.model})
+  models = {name: loopspec_jax.load(name) for name in names}
   meta = {"machine": common.machine_description(), "start": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}
   log(f"machine: {meta['machine']}; load average {os.getloadavg()}")
   rows = []
   prompts = {
-      task: bench.load_prompt_set(task, model, cfg.num_prompts, 0, cfg.seed) for task in common.split_list(cfg.tasks)
+      task: {name: bench.load_prompt_set(task, m, cfg.num_prompts, 0, cfg.seed) for name, m in models.items()}
+      for task in common.split_list(cfg.tasks)
   }
   # tasks inner: prompts cut to the same length bucket share the compiled programs of a sampling mode
   for samp in common.split_list(cfg.samplings):
     for task, batch in prompts.items():
-      log(f"{task} {samp}: {len(batch)} prompts, {len(cfg.methods)} methods; load average {os.getloadavg()}")
-      group = run_group(model, batch, list(cfg.methods), dict(cfg.sampling_settings[samp]), cfg, log)
+      log(f"{task} {samp}: {cfg.num_prompts} prompts, {len(entries)} methods; load average {os.getloadavg()}")
+      jobs = plan_jobs(entries, models, batch, cfg.model)
+      group = run_group(jobs, dict(cfg.sampling_settings[samp]), cfg, log)
       rows += [{"task": task, "sampling": samp, **r} for r in group]
       meta["end"] = time.strftime("%Y-%m-%d %H:%M:%S")
       meta["load_average_end"] = os.getloadavg()
@@ -190,6 +310,7 @@ def main(argv):
       common.atomic_write_text(os.path.join(cfg.out_dir, "table.md"), report(rows, cfg))
     common.release_compiled()
   print(report(rows, cfg))
+  return rows
 
 
 def run():

@@ -112,11 +112,11 @@ def train_one(model, feature: str, train_bank, held_bank, args) -> dict:
   return figures
 
 
-CARD = """# tiny-raven-eagle
+CARD = """# {name}
 
 An EAGLE draft head (loopspec_jax/heads/eagle.py) for the bundled `tiny-raven` target, used by
-`generate(model, prompts, method="eagle", heads=lj.load_heads("tiny-raven-eagle"), gamma=6, branch=4,
-tree_nodes=32)`. Feature: **{feature}** {feature_note}. The head: fc(2E -> E) over [embedding of the next
+`generate(model, prompts, method="eagle", heads=lj.load_heads("{name}"), gamma=6, branch=4,
+tree_nodes=32)`. Feature: **{feature}** {feature_note}. The head: {fuse_note}fc(2E -> E) over [embedding of the next
 token; the feature], one huginn transformer block (the target's own block code), then the target's frozen
 final norm and LM head; {n_params:,} parameters.
 
@@ -166,6 +166,8 @@ def bundle(model, src: str, other: dict, dest: str, check_windows: int, command:
       for k, (a, b) in enumerate(zip(fig["heldout_top1"], other["heldout_top1"]))
   )
   card = CARD.format(
+      name=os.path.basename(os.path.normpath(dest)),
+      fuse_note="fc(3E -> E) fusing the three states into the feature, then " if feature == "fused" else "",
       feature=feature,
       feature_note=note,
       n_params=n_params,

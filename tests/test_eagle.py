@@ -104,22 +104,22 @@ def test_artefact_round_trip(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # The bundled head on tiny-raven
 # ---------------------------------------------------------------------------------------------------
-BUNDLED = os.path.join(artefact.ASSETS, "tiny-raven-eagle")
 
 
-def _bundled():
-  if not os.path.exists(os.path.join(BUNDLED, artefact.HEADS_CONFIG)):
-    pytest.skip("no bundled tiny-raven-eagle head")
-  return lj.load("tiny-raven"), lj.load_heads("tiny-raven-eagle")
+def _bundled(name: str = "tiny-raven-eagle"):
+  if not os.path.exists(os.path.join(artefact.ASSETS, name, artefact.HEADS_CONFIG)):
+    pytest.skip(f"no bundled {name} head")
+  return lj.load("tiny-raven"), lj.load_heads(name)
 
 
 @pytest.mark.slow  # about 3 minutes on the loaded 2-core host (a 32-step forward of two windows, eager head)
-def test_bundled_card_accuracy_is_reproduced_on_heldout_windows():
+@pytest.mark.parametrize("name", ["tiny-raven-eagle", "tiny-raven-eagle-fused"])
+def test_bundled_card_accuracy_is_reproduced_on_heldout_windows(name):
   """The card's per-level held-out top-1 accuracy on its first few held-out windows (eval.json "check")."""
   from loopspec_jax.train import data as D
 
-  model, heads = _bundled()
-  with open(os.path.join(BUNDLED, "eval.json")) as f:
+  model, heads = _bundled(name)
+  with open(os.path.join(artefact.ASSETS, name, "eval.json")) as f:
     check = json.load(f)["check"]
   windows = D.eval_windows(D.load_corpus(), check["seq_len"], check["windows"])
   cfg, hc = model.config, heads.config
@@ -130,7 +130,7 @@ def test_bundled_card_accuracy_is_reproduced_on_heldout_windows():
   hits, counts = E.level_accuracy(heads.params, model.params, hc, tok, raw, hidden, n, len(check["top1"]), cfg)
   got = (np.asarray(hits) / np.asarray(counts)).tolist()
   np.testing.assert_allclose(got, check["top1"], atol=2e-3)
-  with open(os.path.join(BUNDLED, "MODEL_CARD.md")) as f:
+  with open(os.path.join(artefact.ASSETS, name, "MODEL_CARD.md")) as f:
     card = f.read()
   assert all(f"{100 * a:.1f}%" in card for a in check["top1"]), card
 
