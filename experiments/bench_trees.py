@@ -157,7 +157,7 @@ def table(rows: list) -> str:
     tau = _fmt(r["tau"]) + ("*" if r["tau_release_scale"] else "")
     lines.append(
         f"| {r['task']} | {r['sampling']} | {r['method']} | {tau} | {_fmt(r['accepted_per_pass'])} | "
-        f"{_fmt(r['nodes_per_pass'], '{:.1f}')} | {_fmt(r['draft_cost_share'])} | {r['decode_seconds_median']:.2f} | "
+        f"{_fmt(r['nodes_per_pass'], '{:.1f}')} | {_fmt(r['draft_cost_share'], '{:.3f}')} | {r['decode_seconds_median']:.2f} | "
         f"{r['speed_vs_ar_median']:.2f}x | {'yes' if r['identical_to_ar'] else 'no'} |"
     )
   return "\n".join(lines)
