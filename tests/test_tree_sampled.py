@@ -211,6 +211,7 @@ CASES = {
     "tree": (self_target, dict(method="tree", d1=1, drafts="sample", **SMALL)),
     "draft-distinct": (small_target, dict(method="draft", draft_model=None, drafts="distinct", **SMALL)),
     "tree-distinct": (self_target, dict(method="tree", d1=1, drafts="distinct", **SMALL)),
+    "tree-sequoia": (self_target, dict(method="tree", d1=1, drafts="distinct", shape="sequoia", **SMALL)),
 }
 DEFAULT_CASES = ()  # each case is 25-30 s on a quiet host: the statistics run with -m slow
 

@@ -108,7 +108,12 @@ def static_shape(gamma: int, branch: int, tree_nodes: int) -> Shape:
     seq += 2
   if len(par) < 1 + tree_nodes:
     raise ValueError(f"no tree of {tree_nodes} nodes fits gamma={gamma}, branch={branch}")
-  # topological order: by depth, then the parent's new index, then rank
+  return ordered_shape(par, dep, rnk, gamma)
+
+
+def ordered_shape(par, dep, rnk, gamma: int) -> Shape:
+  """The Shape of a tree given as lists (parent index, depth, sibling rank; entry 0 the root) in any order
+  with parents before children: reordered topologically by depth, then the parent's new index, then rank."""
   order = [0]
   for d in range(1, gamma + 1):
     order += sorted((i for i in range(len(par)) if dep[i] == d), key=lambda i: (order.index(par[i]), rnk[i]))

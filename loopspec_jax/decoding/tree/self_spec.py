@@ -36,12 +36,14 @@ from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import draft_tree as dt
+from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 
 DEFAULTS = {"d1": 2, "gamma": 6, "branch": 4, "tree_nodes": 32}
+SHAPES = ("dynamic", "sequoia")  # EAGLE-2's tree from this round's scores / Sequoia's static optimum
 
 
 def pool_size(branch: int, gamma: int) -> int:
@@ -159,11 +161,28 @@ def expand_tree(level, carry, root, *, gamma: int, branch: int, tree_nodes: int)
   return select(cat(pool_tok), keyed, cat(pool_parent), cat(pool_depth), tree_nodes), carry
 
 
-def draft_tree_sampled(
-    params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init, replacement=True
+def draft_static(
+    params,
+    cache,
+    layout,
+    tokens,
+    p0,
+    sp,
+    *,
+    cfg,
+    d1,
+    gamma,
+    branch,
+    tree_nodes,
+    random_init,
+    shape=None,
+    sample=True,
+    replacement=True,
 ):
-  """drafts="sample": (tree, q [B, K, V]) of the static shape `draft_tree.static_shape(gamma, branch,
-  tree_nodes)`, every expanded node's children drawn i.i.d. from q = process_logits(its depth-d1 readout)."""
+  """(tree, q [B, K, V] or None) of a static shape (`shape`, default `draft_tree.static_shape(gamma, branch,
+  tree_nodes)`): sample=True (drafts="sample" / "distinct"): every expanded node's children drawn from q =
+  process_logits(its depth-d1 readout), with / without replacement; sample=False: its top-rank tokens
+  (deterministic drafts, shape="sequoia" greedy)."""
   b = tokens.shape[0]
   root = tokens[jnp.arange(b), p0]
   noise = lambda lvl, s: (
@@ -176,9 +195,9 @@ def draft_tree_sampled(
   def run(lvl, toks, past, pm):
     return run_level(params, cache, layout, toks, p0, lvl, past, pm, d1, cfg, noise(lvl, toks.shape[1]))
 
-  shape = dt.static_shape(gamma, branch, tree_nodes)
+  shape = shape or dt.static_shape(gamma, branch, tree_nodes)
   keys = dt.draft_keys(sp, p0)
-  return dt.expand(shape, root, logits0, run, past, sp, keys, branch=branch, sample=True, replacement=replacement)
+  return dt.expand(shape, root, logits0, run, past, sp, keys, branch=branch, sample=sample, replacement=replacement)
 
 
 def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
@@ -201,7 +220,7 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
 # ---------------------------------------------------------------------------------------------------
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
+    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init", "shape"),
     donate_argnames=("state",),
 )
 def decode_loop(
@@ -217,10 +236,12 @@ def decode_loop(
     drafts: str,
     greedy: bool,
     random_init: bool,
+    shape: Optional[dt.Shape] = None,
 ):
   """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done.
   drafts (ignored when greedy) "sample" / "distinct": a static tree of children drawn with / without
-  replacement and the matching multi-step verification; "topk": the EAGLE-2 tree of `draft_tree`."""
+  replacement and the matching multi-step verification; "topk": the EAGLE-2 tree of `draft_tree`, or with a
+  static `shape` (Sequoia's) the top-rank tokens at its nodes."""
   params = M.prepare_params(params, cfg)
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
   envelope = dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes, random_init=random_init)
@@ -229,11 +250,15 @@ def decode_loop(
 
   def round_(st: tv.TreeState) -> tv.TreeState:
     p0 = st.length - 1
+    args = (params, st.cache, layout, st.tokens, p0, sp)
     if drafts != "topk" and not greedy:
       repl = drafts == "sample"
-      tree, q = draft_tree_sampled(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope, replacement=repl)
+      tree, q = draft_static(*args, cfg=cfg, **envelope, shape=shape, replacement=repl)
       return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, **vkw)
-    tree = draft_tree(params, st.cache, layout, st.tokens, p0, sp, cfg=cfg, **envelope)
+    if shape is not None:
+      tree = draft_static(*args, cfg=cfg, **envelope, shape=shape, sample=False)[0]
+    else:
+      tree = draft_tree(*args, cfg=cfg, **envelope)
     return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
 
   return common.loop_until_done(round_, state, sp)
@@ -245,13 +270,24 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: Mod
   return tv.fresh_state(cache, tokens, lengths)
 
 
-def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: int, tree_nodes: int, drafts: str):
+def summarize(
+    st: tv.TreeState,
+    cfg: ModelConfig,
+    d1: int,
+    gamma: int,
+    branch: int,
+    tree_nodes: int,
+    drafts: str,
+    shape: str = "dynamic",
+    accept=None,
+):
   """Raw counts of a tree self-speculation run (figures: `verify.tree_figures`). Per round the drafting runs
-  1 + (gamma - 1) * branch rows to depth d1 (drafts="sample" / "distinct": the static shape's expanded
-  nodes); the verify pass runs 1 + tree_nodes rows through all R steps (and the coda once more at d1)."""
+  1 + (gamma - 1) * branch rows to depth d1 (drafts="sample" / "distinct", or shape="sequoia": the static
+  shape's expanded nodes); the verify pass runs 1 + tree_nodes rows through all R steps (and the coda once
+  more at d1)."""
   r = cfg.recurrence
-  sampled = drafts != "topk"
-  draft_rows = len(dt.static_shape(gamma, branch, tree_nodes).runs) if sampled else 1 + (gamma - 1) * branch
+  static = static_shape_of(gamma, branch, tree_nodes, drafts, shape, accept)
+  draft_rows = len(static.runs) if static is not None else 1 + (gamma - 1) * branch
   coda = cfg.n_coda if cfg.is_raven else 0
   return common.DecodeStats.of_loop(
       "tree",
@@ -264,6 +300,8 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: i
           "branch": branch,
           "tree_nodes": tree_nodes,
           "drafts": drafts,
+          "shape": shape,
+          "accept": None if accept is None else [list(a) for a in accept],
           "draft_layer_calls": draft_rows * adaptive.layer_calls(cfg, d1),
           "verify_layer_calls": (1 + tree_nodes) * (adaptive.layer_calls(cfg, r) + coda),
       },
@@ -277,7 +315,15 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, d1: int, gamma: int, branch: i
   )
 
 
-def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None) -> dict:
+def static_shape_of(gamma, branch, tree_nodes, drafts: str, shape: str, accept) -> Optional[dt.Shape]:
+  """The round's static shape: Sequoia's for shape="sequoia", draft_tree's for sampled drafts, else None (the
+  dynamic EAGLE-2 tree)."""
+  if shape == "sequoia":
+    return sequoia.sequoia_shape(accept, gamma, branch, tree_nodes)
+  return dt.static_shape(gamma, branch, tree_nodes) if drafts != "topk" else None
+
+
+def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None, shape=None, accept=None) -> dict:
   """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
   env = {
       k: DEFAULTS[k] if v is None else v
@@ -307,6 +353,17 @@ def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None) -> dic
   if drafts is not None and drafts not in dt.DRAFTS:
     raise ValueError(f"method='tree' takes drafts in {dt.DRAFTS}, got {drafts!r}")
   env["drafts"] = drafts or "topk"
+  env["shape"] = shape or "dynamic"
+  if env["shape"] not in SHAPES:
+    raise ValueError(f"method='tree' takes shape in {SHAPES}, got {shape!r}")
+  if accept is not None and env["shape"] != "sequoia":
+    raise ValueError(f"method='tree' takes accept= only with shape='sequoia', got shape={shape!r}")
+  env["accept"] = None
+  if env["shape"] == "sequoia":
+    if accept is None:
+      accept = sequoia.DEFAULT_ACCEPT[min(env["d1"], max(sequoia.DEFAULT_ACCEPT))][: env["branch"]]
+    env["accept"] = sequoia.parse_accept(accept, env["gamma"], env["branch"])
+    sequoia.sequoia_shape(env["accept"], env["gamma"], env["branch"], env["tree_nodes"])
   return env
 
 
@@ -314,6 +371,11 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
   env = resolve(cfg, **envelope)
   drafts = "topk" if greedy else env.pop("drafts")
   env.pop("drafts", None)
+  shape, accept = env.pop("shape"), env.pop("accept")
+  static = static_shape_of(env["gamma"], env["branch"], env["tree_nodes"], drafts, shape, accept)
+  loop_kw = dict(env, cfg=cfg, drafts=drafts, greedy=greedy, random_init=random_init)
+  if shape == "sequoia":
+    loop_kw["shape"] = static
   return common.Decoder(
       name="tree",
       readout_depths=(env["d1"], cfg.recurrence),
@@ -321,9 +383,9 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
       extra_positions=env["gamma"] + 1,
       init=initial_state,
       loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env, drafts=drafts),
+      stats=functools.partial(summarize, cfg=cfg, **env, drafts=drafts, shape=shape, accept=accept),
       init_kw={"cfg": cfg},
-      loop_kw=dict(env, cfg=cfg, drafts=drafts, greedy=greedy, random_init=random_init),
+      loop_kw=loop_kw,
   )
 
 
@@ -333,7 +395,11 @@ class TreeSelf(Method):
   readout, `gamma` levels deep, verified in one full-depth pass (defaults d1=2, gamma=6, branch=4, 32 nodes).
   drafts="sample" / "distinct" (when sampling): a static tree whose children are drawn from the readout's q
   with / without replacement, verified by the matching multi-step rule (exact in distribution, not
-  token-identical to AR); default "topk"."""
+  token-identical to AR); default "topk". shape="sequoia": a static shape instead of the EAGLE-2 tree,
+  Sequoia's optimum for the acceptance vector `accept` (per rank, '0.9/0.05/0.02/0.01' in spec strings, or
+  per-depth rows; default the vector measured on tiny-raven, `sequoia.DEFAULT_ACCEPT`), its nodes the
+  top-rank tokens of the readout (greedy / drafts="topk") or the sampled children (drafts="sample" /
+  "distinct")."""
 
   name = "tree"
   positional = ("d1", "gamma", "branch", "tree_nodes")
@@ -342,9 +408,11 @@ class TreeSelf(Method):
   branch: Optional[int] = None
   tree_nodes: Optional[int] = None
   drafts: Optional[str] = None
+  shape: Optional[str] = None
+  accept: Optional[object] = None
 
   def validate(self, cfg: ModelConfig) -> None:
-    resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes, self.drafts)
+    resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes, self.drafts, self.shape, self.accept)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(
@@ -356,6 +424,8 @@ class TreeSelf(Method):
         branch=self.branch,
         tree_nodes=self.tree_nodes,
         drafts=self.drafts,
+        shape=self.shape,
+        accept=self.accept,
     )
 
   @classmethod

@@ -1,0 +1,114 @@
+"""Sequoia's static tree shape (Chen et al., 2024): the tree of `tree_nodes` nodes, depth <= gamma and at most
+`branch` children per node that maximises the expected accepted length under a measured acceptance vector.
+
+The acceptance model: accept[d - 1][k] is the probability that the rank-k child (k-th best token of the
+drafter's readout, or the k-th sibling try when children are sampled) of an accepted depth-(d - 1) node is
+the accepted one; a node is reached with the product of its path's entries, and the expected number of
+accepted drafts of a tree is the sum of its nodes' reach probabilities. A flat vector (one entry per rank)
+means the same at every depth. The dynamic program (`best_children`) is exact for that model: the value of a
+subtree of m descendants under a node of depth d is a knapsack over its children's ranks, each rank either
+absent or given a subtree of s >= 1 nodes (ranks need not be contiguous, so a noisy, non-monotone vector is
+still optimised). The shape is static (tuples, fixed at trace time), so it serves deterministic top-k drafts
+(`draft_tree.expand(sample=False)`, verified with AR's own draws: token-identical to AR) and sampled drafts
+(children drawn i.i.d. / without replacement, SpecInfer's rule: exact whatever the shape).
+
+`DEFAULT_ACCEPT` holds the vectors measured on tiny-raven (greedy, pooled over GSM8K and Shakespeare
+calibration prompts 8..15, never the benchmark's first 8; `experiments/tree_shape.py`), per d1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from loopspec_jax.decoding.tree import draft_tree as dt
+
+# measured by `python -P -m loopspec_jax.experiments.tree_shape` (results/trees_shape/epyc2-2026-12-03/shape.md):
+# P(the accepted token is the rank-k top-4 token of the d1 readout | its parent accepted), pooled over depths
+# and over GSM8K and Shakespeare prompts 8..15 (720 depth-1 trials per task and d1), rounded to 3 decimals.
+DEFAULT_ACCEPT = {
+    1: (0.889, 0.087, 0.021, 0.002),
+    2: (0.984, 0.015, 0.001, 0.0),
+}
+
+
+def parse_accept(accept, gamma: int, branch: int) -> tuple:
+  """accept as a (gamma, branch) tuple of tuples of floats in [0, 1]: from a flat sequence (one entry per
+  rank, same at every depth), a sequence of per-depth rows, or a string '0.9/0.05/0.02/0.01' (spec strings);
+  missing ranks are 0. ValueError on anything else."""
+  if isinstance(accept, str):
+    try:
+      accept = tuple(float(x) for x in accept.split("/"))
+    except ValueError:
+      raise ValueError(f"accept must be '/'-separated probabilities, got {accept!r}") from None
+  try:
+    rows = [tuple(float(x) for x in r) for r in accept] if np.ndim(accept) == 2 else [tuple(float(x) for x in accept)]
+  except (TypeError, ValueError):
+    raise ValueError(f"accept must be a sequence of probabilities (or of per-depth rows), got {accept!r}") from None
+  if len(rows) == 1:
+    rows = rows * gamma
+  if len(rows) != gamma or any(not r or len(r) > branch for r in rows):
+    raise ValueError(f"accept needs 1..branch={branch} entries per rank (and 1 or gamma={gamma} rows), got {accept!r}")
+  for r in rows:
+    if any(not 0.0 <= x <= 1.0 for x in r) or sum(r) > 1.0 + 1e-6:
+      raise ValueError(f"accept entries must be probabilities summing to <= 1 per depth, got {accept!r}")
+  return tuple(tuple(r) + (0.0,) * (branch - len(r)) for r in rows)
+
+
+def best_children(accept: tuple, gamma: int, branch: int, n: int):
+  """The DP tables: value[d][m] = the best expected accepted descendants of a depth-d node given m descendant
+  nodes (-inf where they cannot fit), and choice[d][m] = its children as ((rank, subtree size), ...)."""
+  neg = -np.inf
+  value = [[0.0] + [neg] * n for _ in range(gamma + 1)]
+  choice = [[()] * (n + 1) for _ in range(gamma + 1)]
+  for d in range(gamma - 1, -1, -1):
+    p = accept[d]  # the children are at depth d + 1
+    # h[j][m]: best over ranks j..branch-1 with m nodes in their subtrees; pick[j][m] the size given to rank j
+    h = [[neg] * (n + 1) for _ in range(branch + 1)]
+    h[branch][0] = 0.0
+    pick = [[0] * (n + 1) for _ in range(branch)]
+    for j in range(branch - 1, -1, -1):
+      for m in range(n + 1):
+        best, arg = h[j + 1][m], 0
+        for s in range(1, m + 1):
+          sub, rest = value[d + 1][s - 1], h[j + 1][m - s]
+          if sub == neg or rest == neg:
+            continue
+          v = p[j] * (1.0 + sub) + rest
+          if v > best + 1e-12:
+            best, arg = v, s
+        h[j][m], pick[j][m] = best, arg
+    for m in range(1, n + 1):
+      value[d][m] = h[0][m]
+      kids, left = [], m
+      for j in range(branch):
+        if pick[j][left]:
+          kids.append((j, pick[j][left]))
+          left -= pick[j][left]
+      choice[d][m] = tuple(kids)
+  return value, choice
+
+
+@functools.lru_cache(maxsize=None)
+def sequoia_shape(accept: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Shape:
+  """The optimal static shape (module docstring) for accept (`parse_accept`'s (gamma, branch) form)."""
+  value, choice = best_children(accept, gamma, branch, tree_nodes)
+  if value[0][tree_nodes] == -np.inf:
+    raise ValueError(f"no tree of {tree_nodes} nodes fits gamma={gamma}, branch={branch}")
+  par, dep, rnk = [0], [0], [0]
+  todo = [(0, tree_nodes)]  # (node, descendants to place)
+  while todo:
+    u, m = todo.pop()
+    for r, s in choice[dep[u]][m]:
+      par.append(u), dep.append(dep[u] + 1), rnk.append(r)
+      todo.append((len(par) - 1, s - 1))
+  return dt.ordered_shape(par, dep, rnk, gamma)
+
+
+def expected_accepted(shape: dt.Shape, accept: tuple) -> float:
+  """The model's expected accepted drafts of a shape: the sum of its nodes' reach probabilities."""
+  reach = [1.0]
+  for i in range(1, len(shape.parent)):
+    reach.append(reach[shape.parent[i]] * accept[shape.depth[i] - 1][shape.rank[i]])
+  return float(sum(reach[1:]))

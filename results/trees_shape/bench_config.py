@@ -1,0 +1,42 @@
+"""bench_trees config of the Sequoia-shape run (results/trees_shape/): configs/bench/trees.py with this
+run's methods (the tree variants beside chain) and one timed repeat.
+
+  python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py \
+      --config.out_dir=results/trees_shape/epyc2-2026-12-03
+  python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py:t1 \
+      --config.out_dir=results/trees_shape/epyc2-2026-12-03-t1
+"""
+
+import importlib.util
+import os
+
+_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "bench", "trees.py")
+_spec = importlib.util.spec_from_file_location("bench_trees_config", _path)
+trees = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(trees)
+
+E = "gamma=6,branch=4,tree_nodes=32"
+METHODS = ["ar", "chain:d1=1,gamma=6", "chain:d1=2,gamma=6"]
+for _extra in ("", ",shape=sequoia", ",drafts=sample", ",drafts=distinct", ",drafts=distinct,shape=sequoia"):
+  METHODS += [f"tree:d1=1,{E}{_extra}", f"tree:d1=2,{E}{_extra}"]
+
+
+# the T = 1 run (preset "t1"): the sampled-draft trees only (top-k drafts at T = 1 measured 1.57 / 1.60 / 1.55
+# / 1.56 in results/trees/epyc2-2026-12-03-table; drafts=sample with the ACCEPT_GUESS shape in
+# results/trees_sampled/epyc2-2026-12-03, same prompts and seed)
+T1_METHODS = ["ar", "chain:d1=1,gamma=6", "chain:d1=2,gamma=6"]
+for _extra in (",drafts=sample,shape=sequoia", ",drafts=distinct,shape=sequoia"):
+  T1_METHODS += [f"tree:d1=1,{E}{_extra}", f"tree:d1=2,{E}{_extra}"]
+
+
+def get_config(arg=None):
+  c = trees.get_config(None)
+  c.methods = list(METHODS)
+  c.repeats = 1
+  c.out_dir = "results/trees_shape/bench"
+  if arg == "t1":
+    c.methods = list(T1_METHODS)
+    c.samplings = ["T1"]
+  elif arg:
+    raise ValueError(f"unknown preset {arg!r}; known: t1")
+  return c
