@@ -287,7 +287,7 @@ def run_bench(cfg) -> list:
     logf.write(line + "\n")
     logf.flush()
 
-  entries = list(cfg.methods)
+  entries = [e for e in cfg.only.split(";") if e.strip()] if cfg.get("only") else list(cfg.methods)
   names = [cfg.model] + sorted({m for _, m in map(split_entry, entries) if m and m != cfg.model})
   models = {name: loopspec_jax.load(name) for name in names}
   meta = {"machine": common.machine_description(), "start": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg.to_dict()}

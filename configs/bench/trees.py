@@ -4,7 +4,7 @@ python -P -m loopspec_jax.experiments.bench_trees                               
 python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:quick  # CI-sized
 python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:heads  # issue 27's heads table
 python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:sampled  # sampled-draft trees
-python -P -m loopspec_jax.experiments.bench_trees --config.methods='ar;tree:2,6,4,32;medusa:...'
+python -P -m loopspec_jax.experiments.bench_trees --config.only='ar;tree:2,6,4,32;medusa:...'
 
 `methods` are spec strings (`loopspec_jax.methods.parse`): a row for a new method (medusa, eagle, draft
 trees) is one more string here. The first must be 'ar' (the reference of tokens and wall-clock ratios).
@@ -80,6 +80,7 @@ def get_config(arg=None):
   c.samplings = ["greedy", "T1"]
   c.sampling_settings = {"greedy": {"temperature": 0.0}, "T1": {"temperature": 1.0}}
   c.methods = list(METHODS)
+  c.only = ""  # ';'-separated specs run instead of `methods` (a list cannot be overridden by a flag)
   c.target = {"gamma": 6, "share": 0.4}  # the issue's line: tau_tree >= tau_chain + share (gamma + 1 - tau_chain)
   c.out_dir = "results/trees/bench"
   c.heads_target = {}  # `:heads`: eagle_tau, the issue's EAGLE line (>= it and above Medusa's tau)
