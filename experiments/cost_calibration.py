@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 
+import jax.numpy as jnp
+
 from loopspec_jax import methods
 from loopspec_jax.analysis import calibrate
 from loopspec_jax.analysis import cost
@@ -40,7 +42,17 @@ def working_set_bytes(cfg, context: int) -> float:
   return float(sum(cost.param_bytes(cfg).values()) + ideal["kv"])
 
 
-def predict(hw, lr: calibrate.LoopRun, working_set: float, mode: str) -> tuple:
+def working_sets(cfg, context: int) -> dict:
+  """Bytes each category of an iteration's traffic cycles through: the weights re-read every step (the
+  recurrent core: cache-resident when it fits), the KV cache streamed among the weights (the whole working set), and the state
+  and activations (one matrix of the model's shape: always in the caches)."""
+  small = float(cfg.hidden_size * cfg.intermediate_size * jnp.dtype(cfg.dtype).itemsize)
+  pb = cost.param_bytes(cfg)
+  weights = float(pb.get("core", 0.0) + pb.get("adapter", 0.0))  # re-read every recurrence step
+  return {"weights": weights, "kv": working_set_bytes(cfg, context), "copies": small, "other": small}
+
+
+def predict(hw, lr: calibrate.LoopRun, working_set, mode: str) -> tuple:
   """(seconds, terms in ms, StepCost) of one iteration of a compiled loop on hardware hw."""
   step = cost.analyze_hlo(lr.hlo, lr.kv_dims, lr.slot_bytes)
   terms = hw.terms(step, working_set)
@@ -48,14 +60,19 @@ def predict(hw, lr: calibrate.LoopRun, working_set: float, mode: str) -> tuple:
   return seconds, {k.replace("_s", "_ms"): v * 1e3 for k, v in terms.items()}, step
 
 
-def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
-  """One row per method of one model at one context and sampling mode (the first method is AR)."""
+def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
+  """(rows, host `Hardware`) of one model at one context and sampling mode, one row per method (the first
+  is AR). The host's terms are measured interleaved with the loops' runs, at the loops' own product shapes."""
   specs = list(c.model_settings[label].methods)
-  loops = {}
+  loops, steps = {}, {}
   for spec in specs:
     loops[spec] = calibrate.time_decode_loop(model, spec, context=context, new_tokens=c.new_tokens, greedy=greedy)
-  measured = calibrate.measure_runs(loops, c.repeats)
-  ws = working_set_bytes(model.config, context)
+    steps[spec] = cost.analyze_hlo(loops[spec].hlo, loops[spec].kv_dims, loops[spec].slot_bytes)
+  ws = working_sets(model.config, context)
+  sigs = sorted({sig for st in steps.values() for sig in st.dot_shapes})
+  fns, work = calibrate.host_fns(model.config, list(ws.values()), tuple(c.rows), sigs)
+  measured, host_secs = calibrate.measure_runs(loops, c.repeats, fns, c.get("stat", "median"))
+  hw = calibrate.hardware_from(host_secs, work)
   rows = []
   for spec in specs:
     pred_s, terms, step = predict(hw, loops[spec], ws, c.mode)
@@ -69,6 +86,8 @@ def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
             "context": context,
             "predicted_ms": pred_s * 1e3,
             "measured_ms": m["iteration_s"] * 1e3,
+            "measured_ms_median": m["iteration_s_median"] * 1e3,
+            "measured_ms_all": [t * 1e3 for t in m["iteration_s_all"]],
             "iteration_error": pred_s / m["iteration_s"] - 1.0,
             "tokens_per_iteration": m["tokens_per_iteration"],
             "terms_ms": terms,
@@ -77,7 +96,8 @@ def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
             "flops_by_rows": {str(k): v for k, v in step.flops_by_rows.items()},
             "flops": step.flops,
             "bytes": step.total_bytes,
-            "working_set_bytes": ws,
+            "working_set_bytes": ws["kv"],
+            "working_sets": ws,
         }
     )
   ar = rows[0]
@@ -86,7 +106,7 @@ def rows_for(model, label: str, hw, context: int, greedy: bool, c) -> list:
     r["predicted_ratio"] = ar["predicted_ms"] / (r["predicted_ms"] / tpi)
     r["measured_ratio"] = ar["measured_ms"] / (r["measured_ms"] / tpi)
     r["ratio_error"] = r["predicted_ratio"] / r["measured_ratio"] - 1.0
-  return rows
+  return rows, hw
 
 
 def which_term(row: dict) -> str:
@@ -184,13 +204,10 @@ def run_calibration(c) -> dict:
   for label in common.split_list(c.models):
     s = c.model_settings[label]
     model = common.resolve_model(s.spec)
-    contexts = list(s.contexts)
-    ws = [working_set_bytes(model.config, ctx) for ctx in contexts]
-    hws[label] = hw = calibrate.calibrate_host(model.config, ws, tuple(c.rows), c.micro_repeats)
-    print(f"[{time.perf_counter() - t0:.0f}s] {label}: host terms measured", flush=True)
-    for ctx in contexts:
+    for ctx in list(s.contexts):
       for mode in common.split_list(s.get("sampling", c.sampling)):
-        rows += rows_for(model, label, hw, ctx, mode == "greedy", c)
+        block, hws[f"{label} {ctx} {mode}"] = rows_for(model, label, ctx, mode == "greedy", c)
+        rows += block
         print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {ctx} {mode} done", flush=True)
         write(c, rows, hws, time.perf_counter() - t0, partial=True)
     common.release_compiled()
