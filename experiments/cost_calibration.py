@@ -21,7 +21,9 @@ Rows go to <out_root>/<host>-<date>/calibration.json and .md, with a README.md n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -60,6 +62,29 @@ def predict(hw, lr: calibrate.LoopRun, working_set, mode: str) -> tuple:
   return seconds, {k.replace("_s", "_ms"): v * 1e3 for k, v in terms.items()}, step
 
 
+def shapes_to_time(steps, limit: int) -> list:
+  """The product shapes (`hlo_cost.dot_signature`) of the loops' bodies, by their flops per iteration summed
+  over the loops, largest first; the first `limit` of them (0: all). Untimed shapes take flops / P(M)."""
+  weight = {}
+  for st in steps:
+    for (_, sig), n in st.dot_items.items():
+      weight[sig] = weight.get(sig, 0.0) + n * st.dot_shapes[sig][0]
+  ranked = sorted(weight, key=lambda k: (-weight[k], k))
+  return ranked[:limit] if limit else ranked
+
+
+def fit_overhead(hw, ar_step, ws, ar_seconds: float):
+  """hw with the per-op overhead that makes AR's predicted iteration its measured one: (measured - the
+  memory and compute terms) / AR's ops, at least the microbenchmark's (kept in `source`). The other methods'
+  iterations, and so every ratio, stay predictions."""
+  t = hw.terms(ar_step, ws)
+  fitted = max((ar_seconds - t["memory_s"] - t["compute_s"]) / max(ar_step.ops, 1.0), hw.op_overhead_s)
+  src = (
+      f"{hw.source}; per-op fitted on AR's loop: {fitted * 1e9:.0f} ns (microbenchmark {hw.op_overhead_s * 1e9:.0f} ns)"
+  )
+  return dataclasses.replace(hw.with_overhead(fitted), source=src)
+
+
 def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
   """(rows, host `Hardware`) of one model at one context and sampling mode, one row per method (the first
   is AR). The host's terms are measured interleaved with the loops' runs, at the loops' own product shapes."""
@@ -69,10 +94,12 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
     loops[spec] = calibrate.time_decode_loop(model, spec, context=context, new_tokens=c.new_tokens, greedy=greedy)
     steps[spec] = cost.analyze_hlo(loops[spec].hlo, loops[spec].kv_dims, loops[spec].slot_bytes)
   ws = working_sets(model.config, context)
-  sigs = sorted({sig for st in steps.values() for sig in st.dot_shapes})
+  sigs = shapes_to_time(steps.values(), c.get("timed_shapes", 0))
   fns, work = calibrate.host_fns(model.config, list(ws.values()), tuple(c.rows), sigs)
   measured, host_secs = calibrate.measure_runs(loops, c.repeats, fns, c.get("stat", "median"))
   hw = calibrate.hardware_from(host_secs, work)
+  if c.get("overhead_from", "microbenchmark") == "ar":
+    hw = fit_overhead(hw, steps[specs[0]], ws, measured[specs[0]]["iteration_s"])
   rows = []
   for spec in specs:
     pred_s, terms, step = predict(hw, loops[spec], ws, c.mode)
@@ -101,30 +128,81 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
         }
     )
   ar = rows[0]
+  ar["ideal_bytes"] = float(sum(cost.ar_token_bytes(model.config, context).values()))
+  ar["bandwidth_bound_ms"] = ar["ideal_bytes"] / hw.stream_bandwidth(ws["kv"]) * 1e3
   for r in rows:
     tpi = max(r["tokens_per_iteration"], 1e-9)
     r["predicted_ratio"] = ar["predicted_ms"] / (r["predicted_ms"] / tpi)
     r["measured_ratio"] = ar["measured_ms"] / (r["measured_ms"] / tpi)
     r["ratio_error"] = r["predicted_ratio"] / r["measured_ratio"] - 1.0
+    r["wrong_term"] = wrong_term(r, ar)
   return rows, hw
 
 
+TERMS = ("memory", "compute", "overhead")
+
+
+def wrong_term(row: dict, ar: dict) -> dict:
+  """Which term of the model, scaled by one factor f in this row's loop and in AR's alike, makes the predicted
+  ratio equal the measured one, and f (the term closest to right, |log f| smallest; {} when no term can).
+  Solves (A_o + f A_t) / (M_o + f M_t) = measured AR / method seconds per iteration for each term t."""
+  if row is ar:
+    return {}
+  target = ar["measured_ms"] / row["measured_ms"]
+  best = {}
+  for t in TERMS:
+    a_t, m_t = ar["terms_ms"][f"{t}_ms"], row["terms_ms"][f"{t}_ms"]
+    a_o, m_o = ar["predicted_ms"] - a_t, row["predicted_ms"] - m_t
+    den = a_t - target * m_t
+    if abs(den) < 1e-12:
+      continue
+    f = (target * m_o - a_o) / den
+    if f > 0 and (not best or abs(math.log(f)) < abs(math.log(best["factor"]))):
+      best = {"term": t, "factor": f}
+  return best
+
+
 def which_term(row: dict) -> str:
-  """The dominant term of the prediction (where a miss most likely comes from)."""
+  """The dominant term of the prediction."""
   t = row["terms_ms"]
-  return max(("memory", "compute", "overhead"), key=lambda k: t[f"{k}_ms"])
+  return max(TERMS, key=lambda k: t[f"{k}_ms"])
+
+
+def _wrong_cell(r: dict) -> str:
+  w = r.get("wrong_term") or {}
+  if abs(r["ratio_error"]) <= 0.25:
+    return ""
+  return f"{w['term']} x{w['factor']:.2g}" if w else "no single term"
+
+
+def roofline_notes(rows: list) -> list:
+  """Per block: AR against this host's bandwidth bound (ideal bytes of an AR token at the bandwidth measured
+  at its working set) and each LoopSpec tick against the calibrated model's time."""
+  out = []
+  for ar in (r for r in rows if r["spec"] == "ar" and "bandwidth_bound_ms" in r):
+    block = (ar["model"], ar["context"], ar["sampling"])
+    line = f"- {' '.join(str(b) for b in block)}: AR {ar['measured_ms']:.3g} ms against a bandwidth bound of"
+    line += f" {ar['bandwidth_bound_ms']:.3g} ms ({ar['ideal_bytes'] / 1e6:.4g} MB ideal): "
+    line += f"{100 * ar['bandwidth_bound_ms'] / ar['measured_ms']:.0f}% of the bound"
+    for r in rows:
+      if (r["model"], r["context"], r["sampling"]) == block and r["spec"].startswith("loopspec"):
+        line += (
+            f"; {r['method']} tick {r['measured_ms']:.3g} ms = {r['measured_ms'] / r['predicted_ms']:.2f}x the model's"
+        )
+    out.append(line)
+  return out
 
 
 def table(rows: list) -> str:
   heads = ["model", "ctx", "sampling", "method", "tok/iter", "pred ms", "meas ms", "iter err", "pred x AR"]
-  heads += ["meas x AR", "ratio err", "dominant term (mem/comp/op ms)"]
+  heads += ["meas x AR", "ratio err", "dominant term (mem/comp/op ms)", "miss: term x factor closing it"]
   lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
   for r in rows:
     t = r["terms_ms"]
     cells = [r["model"], str(r["context"]), r["sampling"], r["method"], f"{r['tokens_per_iteration']:.2f}"]
     cells += [f"{r['predicted_ms']:.3g}", f"{r['measured_ms']:.3g}", f"{100 * r['iteration_error']:+.0f}%"]
     cells += [f"{r['predicted_ratio']:.2f}", f"{r['measured_ratio']:.2f}", f"{100 * r['ratio_error']:+.0f}%"]
-    cells += [f"{which_term(r)} ({t['memory_ms']:.3g}/{t['compute_ms']:.3g}/{t['overhead_ms']:.3g})"]
+    cells += [f"{which_term(r)} ({t['memory_ms']:.3g}/{t['compute_ms']:.3g}/{t['overhead_ms']:.3g})", _wrong_cell(r)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -153,7 +231,7 @@ def out_dir_for(c) -> str:
   return os.path.join(c.out_root, f"{host}-{datetime.date.today().isoformat()}")
 
 
-def readme(c, summ: dict, hws: dict, seconds: float) -> str:
+def readme(c, summ: dict, hws: dict, seconds: float, rows: list = ()) -> str:
   cmd = " ".join(["loopspec-cost-report"] + [a for a in sys.argv[1:]])
   lines = [
       "# Cost-model calibration on this host",
@@ -161,7 +239,8 @@ def readme(c, summ: dict, hws: dict, seconds: float) -> str:
       f"- host: {common.machine_description()}",
       f"- date: {datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
       f"- command: `{cmd}` ({seconds:.0f} s)",
-      f"- models {c.models}, new tokens {c.new_tokens}, repeats {c.repeats} (interleaved, medians), model {c.mode}",
+      f"- models {c.models}, new tokens {c.new_tokens}, repeats {c.repeats} (interleaved with the host's"
+      f" microbenchmarks; statistic {c.get('stat', 'median')}), model {c.mode}",
       f"- median |ratio error| {_pct(summ['median_abs_ratio_error'])}, median |iteration error| "
       f"{_pct(summ['median_abs_iteration_error'])} over {summ['rows']} rows",
       f"- ratio rows past 25%: {', '.join(summ['ratio_rows_over_25pct']) or 'none'}",
@@ -172,7 +251,12 @@ def readme(c, summ: dict, hws: dict, seconds: float) -> str:
   for label, hw in hws.items():
     bw = ", ".join(f"{s / 1e6:.3g} MB: {b / 1e9:.3g} GB/s" for s, b in hw.bandwidth_at_bytes)
     pm = ", ".join(f"M={m}: {f / 1e9:.3g}" for m, f in hw.flops_at_rows)
-    lines.append(f"- {label}: bandwidth {bw}; GFLOP/s {pm}; per-op {hw.op_overhead_s * 1e6:.2f} us")
+    lines.append(
+        f"- {label}: bandwidth {bw}; GFLOP/s {pm}; per-op {hw.op_overhead_s * 1e9:.0f} ns; "
+        f"{len(hw.dot_seconds)} product shapes timed (calibration.json `host`)"
+    )
+  lines += ["", "Rooflines (AR >= 80% of the bandwidth bound; a LoopSpec tick within 1.5x of the model's time):", ""]
+  lines += roofline_notes(rows)
   lines += ["", "Table: calibration.md; rows: calibration.json."]
   return "\n".join(lines) + "\n"
 
@@ -193,7 +277,7 @@ def write(c, rows: list, hws: dict, seconds: float, partial: bool) -> dict:
       + (" (partial)" if partial else "")
   )
   common.write_report(out, "calibration", payload, md)
-  common.atomic_write_text(os.path.join(out, "README.md"), readme(c, summ, hws, seconds))
+  common.atomic_write_text(os.path.join(out, "README.md"), readme(c, summ, hws, seconds, rows))
   return payload
 
 

@@ -50,6 +50,8 @@ def get_config(arg=None):
   c.new_tokens = 32  # tokens decoded per run (the iterations of one run are averaged)
   c.repeats = 3  # interleaved runs per method and per host microbenchmark (the same load on both); medians
   c.stat = "min"  # per loop and host microbenchmark: "min" (least disturbed on a shared host) or "median"
+  c.overhead_from = "ar"  # per-op overhead: "ar" (fitted on AR's loop of the block) or "microbenchmark"
+  c.timed_shapes = 0  # product shapes of the loops timed on the host, most flops first (0: all)
   c.rows = (1, 2, 4, 8, 16, 32)  # product rows M at which the host's throughput is measured
   c.mode = "kernels"  # hardware.Hardware.step_seconds: "kernels" (sum of per-kernel rooflines) or "roofline"
   c.out_root = "results/cost_calibration"
@@ -70,6 +72,7 @@ def get_config(arg=None):
     c.sampling = "greedy"
     c.new_tokens = 8
     c.repeats = 1
+    c.timed_shapes = 2
     c.rows = (1, 4)
   elif arg:
     raise ValueError(f"unknown cost/calibrate.py variant {arg!r} (quick, tiny)")

@@ -136,7 +136,7 @@ _JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "s3
 
 def _dot_fn(sig: str, unroll: int = 4):
   """(callable, products per call): `unroll` dependent products of this very shape per loop iteration (the
-  lhs perturbed by the previous result so nothing is hoisted; both operands stay in the caches)."""
+  smaller operand perturbed by the previous result so nothing is hoisted; both operands stay in the caches)."""
   (ldt, ldims), (rdt, rdims), dn = parse_signature(sig)
   lhs = jnp.ones(ldims, _JNP_DTYPES.get(ldt, jnp.float32))
   rhs = jax.random.normal(jax.random.PRNGKey(1), rdims, jnp.float32).astype(_JNP_DTYPES.get(rdt, jnp.float32))
@@ -144,12 +144,14 @@ def _dot_fn(sig: str, unroll: int = 4):
   flops /= max(float(np.prod([ldims[i] for i in dn[1][0]])), 1.0)
   iters = int(max(8, min(1000, 5e7 / max(flops * unroll, 1.0))))
 
+  small_lhs = lhs.size <= rhs.size  # perturb the smaller operand: its update is not part of the product
+
   @jax.jit
   def run(lhs, rhs):
     def body(_, c):
       for _ in range(unroll):
-        out = jax.lax.dot_general(lhs + c.astype(lhs.dtype), rhs, dn)
-        c = out.reshape(-1)[0].astype(jnp.float32) * 1e-30
+        a, b = (lhs + c.astype(lhs.dtype), rhs) if small_lhs else (lhs, rhs + c.astype(rhs.dtype))
+        c = jax.lax.dot_general(a, b, dn).reshape(-1)[0].astype(jnp.float32) * 1e-30
       return c
 
     return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
