@@ -11,7 +11,14 @@ iteration from its optimised HLO with `hardware.Hardware.step_seconds`, run the 
   predicted_ratio / measured_ratio  speed against AR of the same model, context and sampling:
                                   (AR seconds per token) / (method seconds per token); > 1 is faster
   ratio_error                     predicted_ratio / measured_ratio - 1
-  terms_ms                        the prediction's memory / compute / per-op terms (which term is wrong)
+  terms_ms                        the prediction's memory / compute / per-op terms
+  wrong_term                      for a row whose ratio misses: the one term which, scaled by `factor` in this
+                                  loop and AR's alike, would close the miss (which term is wrong, by how much)
+
+The host's terms are measured in the same process, interleaved with the loops' runs (`measure_runs(host=)`),
+at the loops' own product shapes; `clock` "cpu" times process CPU time (a host shared with other jobs
+inflates wall time at random), `stat` "min" takes each callable's least disturbed run, `overhead_from` "ar"
+fits the per-op overhead on AR's loop of the block (the other loops and every ratio stay predictions).
 
 Rows go to <out_root>/<host>-<date>/calibration.json and .md, with a README.md naming host, date, command.
 
@@ -240,7 +247,7 @@ def readme(c, summ: dict, hws: dict, seconds: float, rows: list = ()) -> str:
       f"- date: {datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
       f"- command: `{cmd}` ({seconds:.0f} s)",
       f"- models {c.models}, new tokens {c.new_tokens}, repeats {c.repeats} (interleaved with the host's"
-      f" microbenchmarks; statistic {c.get('stat', 'median')}), model {c.mode}",
+      f" microbenchmarks; statistic {c.get('stat', 'median')}; clock {c.get('clock', 'wall')}), model {c.mode}",
       f"- median |ratio error| {_pct(summ['median_abs_ratio_error'])}, median |iteration error| "
       f"{_pct(summ['median_abs_iteration_error'])} over {summ['rows']} rows",
       f"- ratio rows past 25%: {', '.join(summ['ratio_rows_over_25pct']) or 'none'}",
@@ -284,6 +291,7 @@ def write(c, rows: list, hws: dict, seconds: float, partial: bool) -> dict:
 def run_calibration(c) -> dict:
   """Runs the grid of config c (see module docstring); returns the payload it writes."""
   t0 = time.perf_counter()
+  calibrate.set_clock(c.get("clock", "wall"))
   rows, hws = [], {}
   for label in common.split_list(c.models):
     s = c.model_settings[label]
@@ -295,6 +303,7 @@ def run_calibration(c) -> dict:
         print(f"[{time.perf_counter() - t0:.0f}s] {label} ctx {ctx} {mode} done", flush=True)
         write(c, rows, hws, time.perf_counter() - t0, partial=True)
     common.release_compiled()
+  calibrate.set_clock("wall")
   payload = write(c, rows, hws, time.perf_counter() - t0, partial=False)
   print(table(rows) + f"\n\nmedian |ratio error| {_pct(payload['summary']['median_abs_ratio_error'])}")
   return payload
