@@ -31,10 +31,13 @@ def test_calibration_writes_consistent_rows(tmp_path):
     assert r["iteration_error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
     terms = r["terms_ms"]
     assert terms["total_ms"] == pytest.approx(terms["memory_ms"] + terms["compute_ms"] + terms["overhead_ms"])
+    assert "wrong_term" in r and len(r["measured_ms_all"]) == c.repeats
   ar = rows[0]
   assert ar["predicted_ratio"] == pytest.approx(1.0) and ar["measured_ratio"] == pytest.approx(1.0)
+  assert ar["iteration_error"] >= -1e-6 or c.overhead_from != "ar"  # per-op fitted on AR: never below it
+  assert ar["bandwidth_bound_ms"] > 0 and ar["ideal_bytes"] > 0
   readme = open(tmp_path / "README.md").read()
-  for part in ("host:", "date:", "command:", "median |ratio error|"):
+  for part in ("host:", "date:", "command:", "median |ratio error|", "Rooflines", "product shapes timed"):
     assert part in readme
   assert os.path.exists(tmp_path / "calibration.md")
 
