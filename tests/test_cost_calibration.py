@@ -1,10 +1,12 @@
 """The cost model's calibration path (host terms, predicted vs measured iterations) and the hardware model."""
 
+import dataclasses
 import json
 import os
 
 import pytest
 
+from loopspec_jax.analysis import calibrate
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hardware
 from loopspec_jax.configs import accelerators
@@ -29,10 +31,13 @@ def test_calibration_writes_consistent_rows(tmp_path):
     assert r["iteration_error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
     terms = r["terms_ms"]
     assert terms["total_ms"] == pytest.approx(terms["memory_ms"] + terms["compute_ms"] + terms["overhead_ms"])
+    assert "wrong_term" in r and len(r["measured_ms_all"]) == c.repeats
   ar = rows[0]
   assert ar["predicted_ratio"] == pytest.approx(1.0) and ar["measured_ratio"] == pytest.approx(1.0)
+  assert ar["iteration_error"] >= -1e-6 or c.overhead_from != "ar"  # per-op fitted on AR: never below it
+  assert ar["bandwidth_bound_ms"] > 0 and ar["ideal_bytes"] > 0
   readme = open(tmp_path / "README.md").read()
-  for part in ("host:", "date:", "command:", "median |ratio error|"):
+  for part in ("host:", "date:", "command:", "median |ratio error|", "Rooflines", "product shapes timed"):
     assert part in readme
   assert os.path.exists(tmp_path / "calibration.md")
 
@@ -62,3 +67,32 @@ def test_every_accelerator_has_an_overhead_with_its_source():
     hw = hardware.from_accelerator(name, a)
     assert 0 < hw.op_overhead_s <= 5e-6 and hw.source, name
     assert hw.with_overhead(0).step_seconds(_cost([(1, 1e9)], 1e9, 100)) < hw.step_seconds(_cost([(1, 1e9)], 1e9, 100))
+
+
+def test_timed_product_shapes_and_per_category_bandwidth():
+  sig = "f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb="
+  assert calibrate.parse_signature(sig) == (("f32", (1, 128)), ("f32", (128, 384)), (((1,), (0,)), ((), ())))
+  c = _cost([(1, 2e9)], 1e9, 0)
+  c.dot_items[("k0", sig)] = 2.0
+  c.dot_shapes[sig] = (1e9, 1)
+  hw = hardware.Hardware(
+      "x", bandwidth=1e9, peak_flops=1e12, flops_at_rows=((1, 1e9),), bandwidth_at_bytes=((1e6, 4e9), (1e9, 1e9))
+  )
+  assert hw.terms(c)["compute_s"] == pytest.approx(2.0)  # untimed: flops / P(1)
+  timed = dataclasses.replace(hw, dot_seconds=((sig, 0.25),))
+  assert timed.terms(c)["memory_s"] == pytest.approx(1.0)  # two timed products (0.5 s) < 1 GB at 1 GB/s
+  assert timed.terms(c, {"weights": 1e6})["compute_s"] == pytest.approx(0.5)  # weights cache-resident: 0.25 s
+  assert hardware.Hardware.from_dict(json.loads(json.dumps(timed.as_dict()))) == timed
+
+
+def test_dot_signature_of_compiled_products():
+  import jax
+  import jax.numpy as jnp
+
+  f = jax.jit(lambda x, w: jax.lax.fori_loop(0, 3, lambda _, x: jnp.tanh(x @ w), x))
+  x, w = jnp.ones((2, 16)), jnp.ones((16, 16))
+  step = cost.analyze_hlo(f.lower(x, w).compile().as_text())
+  (sig,) = step.dot_shapes
+  lhs, rhs, dn = calibrate.parse_signature(sig)
+  assert lhs[0] == rhs[0] == "f32" and sorted([lhs[1], rhs[1]]) == [(2, 16), (16, 16)]
+  assert step.dot_shapes[sig] == (2.0 * 2 * 16 * 16, 2)

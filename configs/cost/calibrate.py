@@ -48,8 +48,11 @@ def get_config(arg=None):
   }
   c.sampling = "greedy,sampled"
   c.new_tokens = 32  # tokens decoded per run (the iterations of one run are averaged)
-  c.repeats = 3  # interleaved runs per method; medians
-  c.micro_repeats = 5  # interleaved repeats of each host microbenchmark
+  c.repeats = 3  # interleaved runs per method and per host microbenchmark (the same load on both); medians
+  c.stat = "min"  # per loop and host microbenchmark: "min" (least disturbed on a shared host) or "median"
+  c.overhead_from = "ar"  # per-op overhead: "ar" (fitted on AR's loop of the block) or "microbenchmark"
+  c.clock = "cpu"  # "cpu": process CPU time (robust to other jobs on the host) or "wall"
+  c.timed_shapes = 0  # product shapes of the loops timed on the host, most flops first (0: all)
   c.rows = (1, 2, 4, 8, 16, 32)  # product rows M at which the host's throughput is measured
   c.mode = "kernels"  # hardware.Hardware.step_seconds: "kernels" (sum of per-kernel rooflines) or "roofline"
   c.out_root = "results/cost_calibration"
@@ -70,7 +73,7 @@ def get_config(arg=None):
     c.sampling = "greedy"
     c.new_tokens = 8
     c.repeats = 1
-    c.micro_repeats = 1
+    c.timed_shapes = 2
     c.rows = (1, 4)
   elif arg:
     raise ValueError(f"unknown cost/calibrate.py variant {arg!r} (quick, tiny)")

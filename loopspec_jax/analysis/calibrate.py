@@ -3,11 +3,17 @@
 Every figure is the median of interleaved repeats of a small jitted program run in a `lax.fori_loop` (so the
 host dispatch of one call is spread over many iterations):
 
-  stream bandwidth  a matrix-vector product [1, K] x [K, N] over a matrix of S bytes at the model's dtype
-                    (the access pattern of a decode step), at the working-set sizes asked for;
+  stream bandwidth  a pass of matrix-vector products [1, K] x [K, N] over distinct matrices of the model's
+                    K = hidden size, N = MLP size totalling S bytes at the model's dtype (the access pattern
+                    of a decode step), at the working-set sizes asked for: cache-resident to DRAM;
   P(M)              a product [M, K] x [K, N] at the model's own K = hidden size, N = MLP size, for each M;
   per-op overhead   a loop body of tiny dependent products (one kernel each): seconds per iteration divided
-                    by the ops `hlo_cost` counts in that body (the same count the prediction multiplies).
+                    by the ops `hlo_cost` counts in that body (the same count the prediction multiplies);
+  product shapes    every distinct product of a loop body (`hlo_cost.dot_signature`), timed at that shape
+                    with its operands in the caches (`dot_seconds`; the bytes side stays BW(S)).
+
+`host_fns` gives every microbenchmark as a callable so the calibration can run them interleaved with the
+decode loops it predicts (`measure_runs(..., host=)`), under the same load.
 
 `time_decode_loop` compiles a method's real decode loop for a model once, runs it to completion on a random
 prompt that fills the context, and returns its optimised HLO (what the prediction reads) with the seconds and
@@ -19,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +36,21 @@ from loopspec_jax.analysis import hlo_cost
 from loopspec_jax.analysis.hardware import Hardware
 from loopspec_jax.decoding import common
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = {"now": time.perf_counter}
+
+
+def set_clock(name: str):
+  """Which clock every timing here reads: "wall" (perf_counter) or "cpu" (process CPU time, all threads: on a
+  host shared with other jobs, the time this process ran rather than the time it waited for a core)."""
+  if name not in CLOCKS:
+    raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {name!r}")
+  _clock["now"] = CLOCKS[name]
+
+
+def _now() -> float:
+  return _clock["now"]()
+
 
 def median_seconds(fns: Dict[str, Callable], repeats: int) -> Dict[str, float]:
   """Median wall seconds of each callable (each returns something to block on), run interleaved `repeats`
@@ -39,9 +60,9 @@ def median_seconds(fns: Dict[str, Callable], repeats: int) -> Dict[str, float]:
   times = {k: [] for k in fns}
   for _ in range(repeats):
     for k, f in fns.items():
-      t0 = time.perf_counter()
+      t0 = _now()
       jax.block_until_ready(f())
-      times[k].append(time.perf_counter() - t0)
+      times[k].append(_now() - t0)
   return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -58,29 +79,46 @@ def _product_loop(rows: int, k: int, n: int, dtype, iters: int):
   return lambda: run(x, w)
 
 
-def stream_bandwidth(sizes: Sequence[float], dtype="float32", repeats: int = 5) -> List[tuple]:
-  """[(bytes, B/s)] of a matrix-vector product over a matrix of about `bytes` bytes, for each size."""
+def _matvec_pass(k: int, n: int, count: int, dtype, iters: int):
+  """A callable running `iters` passes of `count` matrix-vector products [1, k] x [k, n], each over its own
+  matrix (a decode step's access pattern: every weight read once per pass, in order)."""
+  ws = [jax.random.normal(jax.random.PRNGKey(i), (k, n), dtype) / np.sqrt(k) for i in range(count)]
+  x = jnp.ones((1, k), dtype)
+
+  @jax.jit
+  def run(x, ws):
+    def body(_, x):
+      for w in ws:
+        y = jnp.tanh(x @ w)
+        x = y[:, :k] if n >= k else jnp.pad(y, ((0, 0), (0, k - n)))
+      return x
+
+    return jax.lax.fori_loop(0, iters, body, x)
+
+  return lambda: run(x, ws)
+
+
+def _bandwidth_fn(s: float, k: int, n: int, dtype, max_count: int = 64):
+  """(callable, bytes moved per call) of passes over distinct [k, n] matrices totalling about s bytes. Past
+  `max_count` matrices the matrices widen (n grows) instead of multiplying, to bound the compile."""
   item = jnp.dtype(dtype).itemsize
-  fns, shapes = {}, {}
-  for s in sizes:
-    n = 1024
-    k = max(int(s / (item * n)), 16)
-    iters = int(max(4, min(256, 2e9 / max(s, 1.0))))
-    fns[s], shapes[s] = _product_loop(1, k, n, dtype, iters), (k * n * item, iters)
-  secs = median_seconds(fns, repeats)
-  return [(float(shapes[s][0]), shapes[s][0] * shapes[s][1] / secs[s]) for s in sizes]
+  count = int(max(1, min(max_count, round(s / (item * k * n)))))
+  width = int(max(n, round(s / (item * k * count))))
+  nbytes = float(count * k * width * item)
+  iters = int(max(3, min(256, 2e9 / nbytes)))
+  return _matvec_pass(k, width, count, dtype, iters), nbytes, nbytes * iters
 
 
-def product_throughput(rows: Sequence[int], k: int, n: int, dtype="float32", repeats: int = 5) -> List[tuple]:
-  """[(M, FLOP/s)] of [M, k] x [k, n] products for each M (the weight stays in the caches when it fits)."""
-  fns = {m: _product_loop(m, k, n, dtype, max(4, int(2e8 / (2 * m * k * n)))) for m in rows}
-  iters = {m: max(4, int(2e8 / (2 * m * k * n))) for m in rows}
-  secs = median_seconds(fns, repeats)
-  return [(int(m), 2.0 * m * k * n * iters[m] / secs[m]) for m in rows]
+def stream_bandwidth(sizes: Sequence[float], dtype="float32", repeats: int = 5, k: int = 1024, n: int = 1024):
+  """[(bytes, B/s)] of passes of matrix-vector products over distinct [k, n] matrices (the model's own
+  shape) totalling about `bytes`, for each size: cache-resident at small sizes, DRAM at large ones."""
+  fns = {s: _bandwidth_fn(s, k, n, dtype) for s in sizes}
+  secs = median_seconds({s: f[0] for s, f in fns.items()}, repeats)
+  return [(fns[s][1], fns[s][2] / secs[s]) for s in sizes]
 
 
-def op_overhead(repeats: int = 7, chain: int = 16, iters: int = 2000) -> dict:
-  """Seconds per kernel of a loop body of `chain` tiny dependent products ([1, 8] x [8, 8], tanh between)."""
+def _op_loop(chain: int = 16, iters: int = 2000):
+  """(callable, ops per call): a loop body of `chain` tiny dependent products ([1, 8] x [8, 8], tanh between)."""
   w = jnp.eye(8, dtype=jnp.float32)
 
   def f(x, w):
@@ -94,25 +132,89 @@ def op_overhead(repeats: int = 7, chain: int = 16, iters: int = 2000) -> dict:
   x = jnp.ones((1, 8), jnp.float32)
   run = jax.jit(f)
   ops = hlo_cost.analyze_hlo(run.lower(x, w).compile().as_text()).ops
-  sec = median_seconds({"loop": lambda: run(x, w)}, repeats)["loop"]
-  return {"op_overhead_s": sec / iters / max(ops, 1.0), "ops_per_iteration": ops, "iteration_s": sec / iters}
+  return (lambda: run(x, w)), ops * iters
 
 
-def calibrate_host(cfg, working_sets: Sequence[float], rows: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 5):
-  """The host's `Hardware` at model cfg's shapes: bandwidth at each working set, P(M), per-op overhead."""
+def parse_signature(sig: str):
+  """(lhs (dtype, dims), rhs (dtype, dims), dimension_numbers) of a `hlo_cost.dot_signature`."""
+  shapes, *dn = sig.split(";")
+  operands = []
+  for part in shapes.split("x"):
+    dt, dims = part.split("[")
+    operands.append((dt, tuple(int(d) for d in dims.rstrip("]").split(",") if d)))
+  nums = [tuple(int(d) for d in f.split("=")[1].split(",") if d) for f in dn]
+  return operands[0], operands[1], ((nums[0], nums[1]), (nums[2], nums[3]))
+
+
+_JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "s32": jnp.int32, "f64": jnp.float64}
+
+
+def _dot_fn(sig: str, unroll: int = 4):
+  """(callable, products per call): `unroll` dependent products of this very shape per loop iteration (the
+  smaller operand perturbed by the previous result so nothing is hoisted; both operands stay in the caches)."""
+  (ldt, ldims), (rdt, rdims), dn = parse_signature(sig)
+  lhs = jnp.ones(ldims, _JNP_DTYPES.get(ldt, jnp.float32))
+  rhs = jax.random.normal(jax.random.PRNGKey(1), rdims, jnp.float32).astype(_JNP_DTYPES.get(rdt, jnp.float32))
+  flops = 2.0 * float(np.prod(ldims)) * float(np.prod(rdims)) / max(float(np.prod([ldims[i] for i in dn[0][0]])), 1)
+  flops /= max(float(np.prod([ldims[i] for i in dn[1][0]])), 1.0)
+  iters = int(max(8, min(1000, 5e7 / max(flops * unroll, 1.0))))
+
+  small_lhs = lhs.size <= rhs.size  # perturb the smaller operand: its update is not part of the product
+
+  @jax.jit
+  def run(lhs, rhs):
+    def body(_, c):
+      for _ in range(unroll):
+        a, b = (lhs + c.astype(lhs.dtype), rhs) if small_lhs else (lhs, rhs + c.astype(rhs.dtype))
+        c = jax.lax.dot_general(a, b, dn).reshape(-1)[0].astype(jnp.float32) * 1e-30
+      return c
+
+    return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
+
+  return (lambda: run(lhs, rhs)), iters * unroll
+
+
+def host_fns(cfg, working_sets: Sequence[float], rows: Sequence[int], signatures: Sequence[str] = ()) -> tuple:
+  """(callables, work per call) of every host microbenchmark at cfg's shapes, keyed ("bw", bytes),
+  ("flops", M), ("op",), ("dot", signature): what `hardware_from` turns into a `Hardware`."""
   dtype = "float32" if cfg.dtype == "float32" else cfg.dtype
-  bw = stream_bandwidth(sorted(set(float(s) for s in working_sets)), dtype, repeats)
-  prod = product_throughput(rows, cfg.hidden_size, cfg.intermediate_size, dtype, repeats)
-  over = op_overhead(repeats)
+  k, n = cfg.hidden_size, cfg.intermediate_size
+  fns, work = {}, {}
+  for s in sorted(set(float(s) for s in working_sets)):
+    fn, nbytes, moved = _bandwidth_fn(s, k, n, dtype)
+    fns[("bw", nbytes)], work[("bw", nbytes)] = fn, moved
+  for m in rows:
+    iters = max(4, int(2e8 / (2 * m * k * n)))
+    fns[("flops", int(m))], work[("flops", int(m))] = _product_loop(m, k, n, dtype, iters), 2.0 * m * k * n * iters
+  fns[("op",)], work[("op",)] = _op_loop()
+  for sig in signatures:
+    fns[("dot", sig)], work[("dot", sig)] = _dot_fn(sig)
+  return fns, work
+
+
+def hardware_from(secs: dict, work: dict) -> Hardware:
+  """The `Hardware` of the medians `secs` of `host_fns`'s callables (same keys)."""
+  rate = {key: work[key] / secs[key] for key in work}
+  bw = tuple(sorted((key[1], r) for key, r in rate.items() if key[0] == "bw"))
+  prod = tuple(sorted((key[1], r) for key, r in rate.items() if key[0] == "flops"))
+  dots = tuple(sorted((key[1], 1.0 / r) for key, r in rate.items() if key[0] == "dot"))
+  over = 1.0 / rate[("op",)]
   return Hardware(
       label="host",
       bandwidth=min(b for _, b in bw),
       peak_flops=max(f for _, f in prod),
-      op_overhead_s=over["op_overhead_s"],
-      flops_at_rows=tuple(prod),
-      bandwidth_at_bytes=tuple(bw),
-      source=f"measured on this host (per-op: {over['ops_per_iteration']:.0f} ops, {over['iteration_s']*1e6:.1f} us/iter)",
+      op_overhead_s=over,
+      flops_at_rows=prod,
+      bandwidth_at_bytes=bw,
+      dot_seconds=dots,
+      source=f"measured on this host ({len(dots)} product shapes timed; per-op {over * 1e9:.0f} ns)",
   )
+
+
+def calibrate_host(cfg, working_sets: Sequence[float], rows: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 5):
+  """The host's `Hardware` at model cfg's shapes: bandwidth at each working set, P(M), per-op overhead."""
+  fns, work = host_fns(cfg, working_sets, rows)
+  return hardware_from(median_seconds(fns, repeats), work)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,10 +271,10 @@ def time_decode_loop(model, method, *, context: int, new_tokens: int, greedy: bo
   def run():
     st = fresh_state()
     jax.block_until_ready(st)
-    t0 = time.perf_counter()
+    t0 = _now()
     out = compiled(model.params, st, sp, **dyn)
     jax.block_until_ready(out.tokens)
-    seconds = time.perf_counter() - t0
+    seconds = _now() - t0
     counts = dec.stats(out)
     return seconds, int(counts.totals["iterations"]), int(sum(counts.per_request["tokens"]))
 
@@ -180,19 +282,38 @@ def time_decode_loop(model, method, *, context: int, new_tokens: int, greedy: bo
   return LoopRun(m, hlo, cost.kv_leaf_dims(state), cost.slot_bytes(cfg, 1, total + dec.extra_positions), run)
 
 
-def measure_runs(loops: Dict[str, LoopRun], repeats: int) -> Dict[str, dict]:
-  """Runs every loop `repeats` times, interleaved (after one warm-up each); per loop the median seconds per
-  iteration and the tokens per iteration of the runs."""
+def measure_runs(loops: Dict[str, LoopRun], repeats: int, host: Optional[Dict] = None, stat: str = "median") -> tuple:
+  """Runs every loop `repeats` times, interleaved (after one warm-up each) with the callables of `host`
+  (microbenchmarks, so that the host's load weighs on both alike); per loop the median seconds per iteration
+  and the tokens per iteration of the runs, and the median seconds of each host callable. stat="min": the
+  fastest run of each instead (on a host shared with other jobs, the least disturbed one)."""
+  if stat not in ("median", "min"):
+    raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+  pick = statistics.median if stat == "median" else min
+  host = host or {}
   for lr in loops.values():
     lr.run()
+  for f in host.values():
+    jax.block_until_ready(f())
   per_iter = {k: [] for k in loops}
   tpi = {k: [] for k in loops}
+  host_t = {k: [] for k in host}
   for _ in range(repeats):
+    for k, f in host.items():
+      t0 = _now()
+      jax.block_until_ready(f())
+      host_t[k].append(_now() - t0)
     for k, lr in loops.items():
       sec, iters, toks = lr.run()
       per_iter[k].append(sec / max(iters, 1))
       tpi[k].append(toks / max(iters, 1))
-  return {
-      k: {"iteration_s": statistics.median(per_iter[k]), "tokens_per_iteration": statistics.median(tpi[k])}
+  runs = {
+      k: {
+          "iteration_s": pick(per_iter[k]),
+          "iteration_s_median": statistics.median(per_iter[k]),
+          "iteration_s_all": per_iter[k],
+          "tokens_per_iteration": statistics.median(tpi[k]),
+      }
       for k in loops
   }
+  return runs, {k: pick(v) for k, v in host_t.items()}

@@ -3,12 +3,16 @@
 One iteration's HLO cost (`hlo_cost.StepCost`: per kernel its bytes and its products' flops by rows M) becomes
 seconds as a sum over kernels, since the kernels of one loop body run one after the other:
 
-    t = sum_k max(bytes_k / BW(working set),  sum_M flops_k,M / P(M))  +  ops x per-op overhead
+    t = sum_k max(sum_c bytes_k,c / BW(S_c),  sum_M flops_k,M / P(M))  +  ops x per-op overhead
 
-  BW(S)   stream bandwidth at the working set S (weights + KV of the model): a model whose bytes stay in the
-          caches streams faster than one that does not (`bandwidth_at_bytes`, measured; else `bandwidth`).
+  BW(S)   stream bandwidth at the working set S: a model whose bytes stay in the caches streams faster than
+          one that does not (`bandwidth_at_bytes`, measured; else `bandwidth`). S may differ per byte
+          category (weights / kv / copies / other): a tiny looped model re-reads its core weights R times
+          per token from the caches while its KV cache streams once from further out.
   P(M)    product throughput at M rows (the skinny extent, `hlo.dot_rows`): a 1-row product runs far below
-          peak on a CPU (`flops_at_rows`, measured; else `peak_flops` at every M).
+          peak on a CPU (`flops_at_rows`, measured; else `peak_flops` at every M). Where the host timed a
+          product of that very shape (`dot_seconds`, keyed by `hlo_cost.dot_signature`: the calibration times
+          every product shape of the loop body), that time replaces flops / P(M).
   ops     every kernel of the loop body (`StepCost.ops`); the per-op overhead is a kernel launch on a GPU
           (less with CUDA graphs / XLA command buffers), the loop's own dispatch cost on a CPU.
 
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from loopspec_jax.analysis.hlo import CATEGORIES
 from loopspec_jax.analysis.hlo_cost import StepCost
 
 
@@ -51,6 +56,7 @@ class Hardware:
   op_overhead_s: float = 0.0
   flops_at_rows: Tuple[Tuple[int, float], ...] = ()  # measured (rows M, FLOP/s); empty: peak at any M
   bandwidth_at_bytes: Tuple[Tuple[float, float], ...] = ()  # measured (working-set bytes, B/s); empty: bandwidth
+  dot_seconds: Tuple[Tuple[str, float], ...] = ()  # measured (`hlo_cost.dot_signature`, s); else flops / P(M)
   source: str = ""
 
   def throughput(self, rows: int) -> float:
@@ -66,14 +72,33 @@ class Hardware:
   def with_overhead(self, op_overhead_s: float) -> "Hardware":
     return dataclasses.replace(self, op_overhead_s=float(op_overhead_s))
 
-  def terms(self, cost: StepCost, working_set: Optional[float] = None) -> dict:
+  def _bandwidths(self, working_set) -> Dict[str, float]:
+    """B/s per byte category (`hlo.CATEGORIES`): one working set for all, or a {category: bytes} mapping
+    (e.g. weights at the weights' bytes, kv at the whole working set; a missing category: the smallest)."""
+    if not isinstance(working_set, Mapping):
+      return {c: self.stream_bandwidth(working_set) for c in CATEGORIES}
+    smallest = min(working_set.values()) if working_set else None
+    return {c: self.stream_bandwidth(working_set.get(c, smallest)) for c in CATEGORIES}
+
+  def _compute_seconds(self, cost: StepCost, kernel: dict) -> float:
+    """A kernel's products: each at its measured time where its shape was timed, else flops / P(rows)."""
+    timed = dict(self.dot_seconds)
+    if not timed or not kernel["dots"]:
+      return sum(f / self.throughput(m) for m, f in kernel["flops"].items())
+    total = 0.0
+    for sig, n in kernel["dots"].items():
+      flops, rows = cost.dot_shapes[sig]
+      total += n * (timed[sig] if sig in timed else flops / self.throughput(rows))
+    return total
+
+  def terms(self, cost: StepCost, working_set=None) -> dict:
     """The iteration's time split into its terms (seconds): memory-bound kernels, compute-bound kernels,
-    per-op overhead, and the total (`step_seconds`)."""
-    bw = self.stream_bandwidth(working_set)
+    per-op overhead, and the total (`step_seconds`). working_set: bytes, or bytes per category."""
+    bws = self._bandwidths(working_set)
     mem = comp = 0.0
     for k in cost.kernels().values():
-      t_mem = k["bytes"] / bw
-      t_comp = sum(f / self.throughput(m) for m, f in k["flops"].items())
+      t_mem = sum(b / bws[c] for c, b in k["by_category"].items())
+      t_comp = self._compute_seconds(cost, k)
       if t_mem >= t_comp:
         mem += t_mem
       else:
@@ -81,10 +106,12 @@ class Hardware:
     overhead = cost.ops * self.op_overhead_s
     return {"memory_s": mem, "compute_s": comp, "overhead_s": overhead, "total_s": mem + comp + overhead}
 
-  def step_seconds(self, cost: StepCost, working_set: Optional[float] = None, mode: str = "kernels") -> float:
+  def step_seconds(self, cost: StepCost, working_set=None, mode: str = "kernels") -> float:
     """Seconds of one iteration of the loop whose cost is `cost` (module docstring; mode kernels | roofline)."""
     if mode == "roofline":
-      bound = max(cost.flops / self.peak_flops, cost.total_bytes / self.stream_bandwidth(working_set))
+      bws = self._bandwidths(working_set)
+      t_mem = sum(b / bws[c] for c, b in cost.bytes.items())
+      bound = max(cost.flops / self.peak_flops, t_mem)
       return bound + cost.ops * self.op_overhead_s
     if mode != "kernels":
       raise ValueError(f"mode must be 'kernels' or 'roofline', got {mode!r}")
@@ -98,6 +125,7 @@ class Hardware:
     d = dict(d)
     d["flops_at_rows"] = tuple((int(m), float(f)) for m, f in d.get("flops_at_rows", ()))
     d["bandwidth_at_bytes"] = tuple((float(s), float(b)) for s, b in d.get("bandwidth_at_bytes", ()))
+    d["dot_seconds"] = tuple((str(k), float(t)) for k, t in d.get("dot_seconds", ()))
     return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 

@@ -78,6 +78,9 @@ class StepCost:
   items: Dict[Tuple[str, str], float] = dataclasses.field(default_factory=dict)  # (instr, category) -> bytes
   # (instr, rows) -> flops: each product's flops by kernel and by its skinny extent (`hlo.dot_rows`)
   flop_items: Dict[Tuple[str, int], float] = dataclasses.field(default_factory=dict)
+  # (instr, `dot_signature`) -> executions per iteration; per signature (flops of one execution, rows)
+  dot_items: Dict[Tuple[str, str], float] = dataclasses.field(default_factory=dict)
+  dot_shapes: Dict[str, Tuple[float, int]] = dataclasses.field(default_factory=dict)
 
   def charge(self, category: str, nbytes: float, who: str):
     self.bytes[category] += nbytes
@@ -87,16 +90,26 @@ class StepCost:
     """Adds the flops of product `ins` (of computation comp) to kernel `who`, keyed by its rows."""
     flops = dot_flops(ins, comp)
     self.flops += flops
-    key = (who, dot_rows(ins, comp))
+    rows = dot_rows(ins, comp)
+    key = (who, rows)
     self.flop_items[key] = self.flop_items.get(key, 0.0) + flops
+    sig = dot_signature(ins, comp)
+    self.dot_items[(who, sig)] = self.dot_items.get((who, sig), 0.0) + 1.0
+    self.dot_shapes[sig] = (flops, rows)
 
   def kernels(self) -> Dict[str, dict]:
-    """Per kernel (top-level instruction, executions folded in): bytes and {rows: flops}."""
+    """Per kernel (top-level instruction, executions folded in): bytes, bytes by category, {rows: flops} and
+    {dot signature: executions}."""
     out: Dict[str, dict] = {}
-    for (who, _), b in self.items.items():
-      out.setdefault(who, {"bytes": 0.0, "flops": {}})["bytes"] += b
+    new = lambda: {"bytes": 0.0, "by_category": {}, "flops": {}, "dots": {}}
+    for (who, sig), n in self.dot_items.items():
+      out.setdefault(who, new())["dots"][sig] = n
+    for (who, cat), b in self.items.items():
+      k = out.setdefault(who, new())
+      k["bytes"] += b
+      k["by_category"][cat] = k["by_category"].get(cat, 0.0) + b
     for (who, rows), f in self.flop_items.items():
-      k = out.setdefault(who, {"bytes": 0.0, "flops": {}})
+      k = out.setdefault(who, new())
       k["flops"][rows] = k["flops"].get(rows, 0.0) + f
     return out
 
@@ -135,6 +148,9 @@ class StepCost:
       self.items[key] = self.items.get(key, 0.0) + mult * b
     for key, f in other.flop_items.items():
       self.flop_items[key] = self.flop_items.get(key, 0.0) + mult * f
+    for key, n in other.dot_items.items():
+      self.dot_items[key] = self.dot_items.get(key, 0.0) + mult * n
+    self.dot_shapes.update(other.dot_shapes)
     self.unknown_trip_counts += other.unknown_trip_counts
     self.conditionals += other.conditionals
 
@@ -153,6 +169,19 @@ class StepCost:
         "conditionals": self.conditionals,
         "branch_policy": self.branch_policy,
     }
+
+
+def dot_signature(ins: Instr, comp: Computation) -> str:
+  """A product's shape as a key: 'f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb=' (operand dtypes and dims,
+  contracting and batch dims), what `calibrate.dot_benchmarks` times on the host."""
+  parts = []
+  for o in ins.operands[:2]:
+    leaf = comp.instrs[o].shapes[0]
+    parts.append(f"{leaf[0]}[{','.join(str(d) for d in leaf[1])}]")
+  dn = [
+      ",".join(ins.attr_list(f"{side}_{key}")) for key in ("contracting_dims", "batch_dims") for side in ("lhs", "rhs")
+  ]
+  return "x".join(parts) + f";lc={dn[0]};rc={dn[1]};lb={dn[2]};rb={dn[3]}"
 
 
 @dataclasses.dataclass
