@@ -28,9 +28,8 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
-from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.heads import artefact
+from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -147,13 +146,8 @@ def resolve(cfg: ModelConfig, gamma, branch) -> dict:
   return env
 
 
-def check_heads(heads, model) -> None:
-  """ValueError unless `heads` is an MTP head trained for `model` (signature and parameter shapes)."""
-  if heads is None:
-    raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
-  artefact.check_target(heads, model)
-  if heads.kind != head.KIND:
-    raise ValueError(f"method='mtp' needs an 'mtp' head, got a {heads.kind!r} head ({heads.source})")
+def check_shapes(heads, model) -> None:
+  """ValueError unless the MTP head's parameter shapes fit the target's blocks."""
   want = jax.tree_util.tree_map(lambda x: tuple(x.shape), head.init_params_abstract(model.config))
   got = jax.tree_util.tree_map(lambda x: tuple(x.shape), heads.params)
   if want != got:
@@ -175,39 +169,25 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, **
   )
 
 
-@functools.lru_cache(maxsize=None)
-def _load_heads(spec: str):
-  return artefact.load(spec)
-
-
 @dataclasses.dataclass(frozen=True)
-class MTP(Method):
+class MTP(HeadMethod):
   """MTP drafting: the target's own DeepSeek-V3 MTP module (`heads`, kind 'mtp') drafts top-`branch` tokens
   for `gamma` levels (defaults 1 and 1: one draft per round) from the last accepted feature."""
 
   name = "mtp"
+  kind = head.KIND
+  example = "tiny-raven-mtp"
   positional = ("gamma", "branch")
   heads: Any = dataclasses.field(default=None, compare=False)
   gamma: Optional[int] = None
   branch: Optional[int] = None
 
-  def __post_init__(self):
-    if isinstance(self.heads, str):  # a bundled head's name or a head directory (loaded once per process)
-      object.__setattr__(self, "heads", _load_heads(self.heads))
-
-  @property
-  def spec(self) -> str:
-    src = getattr(self.heads, "source", None)
-    args = ([f"heads={src}"] if src else []) + [f"{k}={v}" for k, v in self.args.items() if k != "heads"]
-    return "mtp" + (":" + ",".join(args) if args else "")
-
-  def validate(self, cfg: ModelConfig) -> None:
-    if self.heads is None:
-      raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
+  def validate_envelope(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.gamma, self.branch)
 
   def check_target(self, model) -> None:
-    check_heads(self.heads, model)
+    super().check_target(model)
+    check_shapes(self.heads, model)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(
