@@ -41,6 +41,7 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
 
@@ -49,11 +50,11 @@ DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
 class HeadState:
   """The head's cache and the pending rows (module docstring)."""
 
-  k: jax.Array  # [B, KV, T, D]
-  v: jax.Array  # [B, KV, T, D]
-  feat: jax.Array  # [B, gamma + 1, F] raw target features of positions q0 + i
-  q0: jax.Array  # [B]
-  hist: jax.Array  # [B, gamma + 1] rounds by number of accepted drafts (per-level acceptance)
+  k: jax.Array = axes_field("batch", None, None, None)  # [B, KV, T, D]
+  v: jax.Array = axes_field("batch", None, None, None)  # [B, KV, T, D]
+  feat: jax.Array = axes_field("batch", None, None)  # [B, gamma + 1, F] raw target features of positions q0 + i
+  q0: jax.Array = axes_field("batch")  # [B]
+  hist: jax.Array = axes_field("batch", None)  # [B, gamma + 1] rounds by number of accepted drafts
 
 
 def verify_features(feature: str, depths: tuple) -> tuple:

@@ -41,6 +41,7 @@ from loopspec_jax.heads import artefact
 from loopspec_jax.heads import medusa as heads_lib
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"tree_nodes": 16, "branch": 4}
 MAX_POOL = 4096
@@ -50,8 +51,8 @@ MAX_POOL = 4096
 class MedusaState:
   """feature [B, E] float32: h_a, the final feature the heads read; ready [B]: h_a has been computed."""
 
-  feature: jax.Array
-  ready: jax.Array
+  feature: jax.Array = axes_field("batch", None)
+  ready: jax.Array = axes_field("batch")
 
 
 def pool_layout(num_heads: int, branch: int):

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 from typing import Any, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -33,8 +34,17 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 1, "branch": 1}
+
+
+@flax.struct.dataclass
+class MTPState:
+  """feature [B, E] float32: the depth-R feature of the last accepted node; has [B]: a feature exists yet."""
+
+  feature: jax.Array = axes_field("batch", None)
+  has: jax.Array = axes_field("batch")
 
 
 def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, branch: int) -> tv.Tree:
@@ -80,7 +90,7 @@ def decode_loop(
     b = st.tokens.shape[0]
     p0 = st.length - 1
     root = st.tokens[jnp.arange(b), p0]
-    feature, has = st.extra
+    feature, has = st.extra.feature, st.extra.has
     tree = draft_tree(mparams, params, feature, has, root, cfg=cfg, gamma=gamma, branch=branch)
     new, _, _, feat = tv.verify_round(
         params,
@@ -96,7 +106,7 @@ def decode_loop(
         last_feature="hidden",
     )
     live = ~st.done
-    return new.replace(extra=(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
+    return new.replace(extra=MTPState(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
 
   return common.loop_until_done(round_, state, sp)
 
@@ -105,7 +115,7 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
   del sp
   b = tokens.shape[0]
-  extra = (jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
+  extra = MTPState(jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
   return tv.fresh_state(cache, tokens, lengths, extra)
 
 
