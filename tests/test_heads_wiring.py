@@ -139,3 +139,30 @@ def test_head_methods_are_frozen_values():
     m = methods.build(kind, heads=H.random_heads(kind, model), **H.ENVELOPES[kind])
     with pytest.raises(dataclasses.FrozenInstanceError):
       m.heads = None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cost report's draft rows (loopspec-cost-report --config=cost/default.py:heads)
+# ---------------------------------------------------------------------------------------------------
+def test_cost_report_heads_preset_and_draft_rows():
+  """The `:heads` preset runs the draft programs alone; at a tiny size every row has flops and bytes, a d1=2
+  readout reads more than d1=1's, EAGLE's level reads its own KV cache, Medusa's and MTP's none."""
+  from loopspec_jax.configs.cost import default as cost_configs
+  from loopspec_jax.configs.models import model_config
+  from loopspec_jax.experiments import cost_heads
+
+  c = cost_configs.get_config("heads")
+  assert c.draft_costs and c.models == "huginn_0125_heads" and tuple(c.contexts) == (2048,)
+  cfg = model_config("huginn:tiny").replace(dtype="bfloat16", max_len=128)
+  rows = {r["label"]: r for r in cost_heads.draft_rows(cfg, (1, 2), 3, 1, 128)}
+  assert list(rows) == [
+      "readout d1=1",
+      "readout d1=2",
+      "medusa (3 heads, one round)",
+      "eagle (one level, one row)",
+      "mtp (one level, one row)",
+  ]
+  assert all(r["flops"] > 0 and r["total_bytes"] > 0 for r in rows.values())
+  assert rows["readout d1=2"]["bytes"]["kv"] > rows["readout d1=1"]["bytes"]["kv"] > 0
+  assert rows["eagle (one level, one row)"]["bytes"]["kv"] > 0 == rows["mtp (one level, one row)"]["bytes"]["kv"]
+  assert "| x readout d1=1 bytes |" in cost_heads.format_rows(list(rows.values()), "tiny", 128).splitlines()[0]
