@@ -47,10 +47,11 @@ def heldout_windows(model, seq_len: int, n: int) -> np.ndarray:
   return np.stack([ids[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])
 
 
-class HeadTrainer:
+class HeadTrainer(T.Checkpointed):
   """A head training run on a frozen target described by a configs/train/*.py ConfigDict; resumes from
-  workdir. Subclasses give `init_state()` ({"params", "opt_state", "step"}) and `update(state, step)`
-  (one optimizer step on batch `step`: (new state, metrics dict with "loss"))."""
+  workdir (`trainer.Checkpointed`: the model trainer's checkpoints). Subclasses give `init_state()`
+  ({"params", "opt_state", "step"}) and `update(state, step)` (one optimizer step on batch `step`: (new
+  state, metrics dict with "loss"))."""
 
   def __init__(self, config, workdir: Optional[str] = None, model=None, corpus: Optional[D.Corpus] = None):
     from loopspec_jax import api
@@ -81,25 +82,6 @@ class HeadTrainer:
   def update(self, state, step: int):
     raise NotImplementedError
 
-  @property
-  def manager(self):
-    import orbax.checkpoint as ocp
-
-    if self._mngr is None:
-      keep = int(self.config.get("keep_checkpoints", 2))
-      opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
-      self._mngr = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=opts)
-    return self._mngr
-
-  def restore_or_init(self):
-    import orbax.checkpoint as ocp
-
-    last = self.manager.latest_step()
-    if last is None:
-      return self.init_state()
-    state = self.manager.restore(last, args=ocp.args.StandardRestore(jax.eval_shape(self.init_state)))
-    return jax.tree_util.tree_map(jnp.asarray, state)
-
   def _log(self, done: int, metrics: dict, t0: float) -> None:
     rec = {"step": done, **{k: np.asarray(v).round(4).tolist() for k, v in metrics.items()}}
     rec["seconds"] = round(time.time() - t0, 1)
@@ -111,8 +93,6 @@ class HeadTrainer:
   def train(self, stop_at: Optional[int] = None):
     """Trains from the last checkpoint (or from scratch) to config.steps, or to `stop_at` steps if smaller
     (a checkpoint is written there too, so a later call continues from it)."""
-    import orbax.checkpoint as ocp
-
     c = self.config
     total = c.steps if stop_at is None else min(stop_at, c.steps)
     state = self.restore_or_init()
@@ -123,12 +103,5 @@ class HeadTrainer:
       done = step + 1
       if done % c.log_every == 0 or done == total:
         self._log(done, m, t0)
-      if (done % c.save_every == 0 or done == total) and self.manager.latest_step() != done:
-        self.manager.save(done, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
+      self.save(state, force=done == total)
     return state
-
-  def close(self):
-    if self._mngr is not None:
-      self._mngr.close()
-      self._mngr = None

@@ -5,8 +5,8 @@ stdlib source) tokenized with the TARGET's tokenizer, so token ids mean what the
 k is `data.batch_at(corpus, k, seed=...)`, a function of (seed, k) only. Per step the frozen target's final
 features of the batch are computed once (full depth R, stop_gradient) and the heads take one AdamW step on
 the summed per-head cross-entropy (`medusa.loss`). Orbax checkpoints of (head params, opt state, step) in
-`workdir` make a rerun resume exactly (`head_train.HeadTrainer`). `export` saves the artefact (`heads.artefact.save`) with a model card
-holding held-out per-head top-1 accuracy.
+`workdir` make a rerun resume exactly (`head_train.HeadTrainer`). `export` saves the artefact
+(`heads.artefact.save`) with a model card holding held-out per-head top-1 accuracy.
 """
 
 from __future__ import annotations
