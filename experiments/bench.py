@@ -15,7 +15,9 @@ commit sources and gate-open rate.
 Method specs are 'name:arg=value,...': integers, 'none', 'auto' (gamma) and, for draft_model, a bundled
 model name or checkpoint directory (loaded once). With `table = 'baselines'` the report adds tau (tokens per
 full-depth verify pass), acceptance and draft cost share (the speculative baselines' columns); the tree
-methods ('tree:...', 'chain:...,branch=4,tree_nodes=32', 'lookahead:...') are rows like any other.
+methods ('tree:...', 'chain:...,branch=4,tree_nodes=32', 'lookahead:...') and the head methods
+('medusa:heads=tiny-raven-medusa,...', 'eagle:heads=tiny-raven-eagle,...', 'mtp:heads=tiny-raven-mtp' on the
+model tiny-raven-mtp) are rows like any other.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ def run_method(model, prompts, method, sampling, max_new_tokens, seed):
   return stats, outputs
 
 
+def row_labels(parsed: list) -> list:
+  """The rows' labels (`Method.label`); methods that share one (e.g. two EAGLE heads with one envelope: labels
+  leave the head out) are labelled by their specs instead."""
+  labels = [m.label for m in parsed]
+  return [m.spec if labels.count(l) > 1 else l for m, l in zip(parsed, labels)]
+
+
 def benchmark(
     model,
     prompts,
@@ -68,7 +77,7 @@ def benchmark(
 ) -> dict:
   """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
   parsed = methods_lib.parse_list(methods)
-  labels = [m.label for m in parsed]
+  labels = row_labels(parsed)
   if labels[0] != "ar":
     raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
   times = {l: [] for l in labels}

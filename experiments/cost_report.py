@@ -9,6 +9,7 @@ rows as JSON.
   python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
   loopspec-cost-report --config=cost/calibrate.py   # predicted vs measured on this host (cost_calibration.py)
   loopspec-cost-report --config=cost/sensitivity.py # projection vs per-op overhead (cost_sensitivity.py)
+  loopspec-cost-report --config=cost/default.py:heads   # a head's draft cost beside a d1 readout's (cost_heads.py)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from loopspec_jax.configs.models import model_config
 from loopspec_jax import methods as methods_lib
 from loopspec_jax.experiments import common
 from loopspec_jax.experiments import cost_calibration
+from loopspec_jax.experiments import cost_heads
 from loopspec_jax.experiments import cost_sensitivity
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
@@ -188,6 +190,9 @@ def main(argv):
     return
   if c.get("sensitivity", False):
     cost_sensitivity.run_sensitivity(c)
+    return
+  if c.get("draft_costs", False):  # the `:heads` preset: draft programs alone (cost_heads.py)
+    cost_heads.run_draft_costs(c)
     return
   accels = accel_configs.get_config(c.accelerators).to_dict()
   t0 = time.perf_counter()

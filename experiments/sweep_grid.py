@@ -18,6 +18,7 @@ from absl import logging
 
 from loopspec_jax import methods
 from loopspec_jax.analysis import theory
+from loopspec_jax.decoding.tree import head_method
 from loopspec_jax.experiments import common
 
 
@@ -56,7 +57,8 @@ def loopspec_grid(cfg, r: int) -> List[Tuple[int, Optional[int]]]:
 
 def method_specs(cfg, r: int, drafter=None) -> List[methods.Method]:
   """The method of every row but AR: the LoopSpec grid (at the config's `lane_capacity`), chain, the draft
-  model, prompt lookup and the config's `extra_methods` (';'-separated specs: tree, lookahead, ...).
+  model, prompt lookup and the config's `extra_methods` (';'-separated specs: tree, lookahead, medusa, eagle,
+  mtp, ...).
 
   A draft row's `Method` holds `drafter` (the loaded draft model; None where only labels or grid
   coordinates are needed, e.g. the projection); its label names the drafter by the config's `draft_model`."""
@@ -84,6 +86,8 @@ def row_label(m: methods.Method, drafter: Optional[str] = None) -> str:
   gamma=4)'. Rows were keyed so before methods were objects (`Method.label` leaves out None and the drafter),
   and a resumed sweep finds the rows of results/ by these keys."""
   args = {k: (drafter if k == "draft_model" else getattr(m, k)) for k in m.positional}
+  if "heads" in args:  # a head method: its head by name (a bundled head's, or its directory's basename)
+    args["heads"] = os.path.basename(head_method.heads_name(args["heads"]) or "none")
   return m.name + ("(" + ",".join(f"{k}={v}" for k, v in args.items()) + ")" if args else "")
 
 

@@ -9,6 +9,7 @@ Override any field: `--config.steps=200 --config.workdir=/tmp/run`.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
@@ -34,14 +35,24 @@ def export_path(export_dir: str) -> str:
   return export_dir if os.path.isabs(export_dir) else os.path.join(CHECKOUT_ROOT, export_dir)
 
 
-def train_heads_from_config(config, command: str = "") -> dict:
-  """Draft heads on a frozen target (`config.heads_kind`, e.g. train/tiny_raven_medusa.py): trains to
-  config.steps (resuming if possible), exports the artefact and its card if config.export_dir."""
-  if config.heads_kind != "medusa":
-    raise ValueError(f"loopspec-train knows no heads_kind {config.heads_kind!r} (known: 'medusa')")
-  from loopspec_jax.heads import medusa_train
+HEAD_TRAINERS = {  # heads_kind -> (module under loopspec_jax.heads, trainer class)
+    "medusa": ("medusa_train", "MedusaTrainer"),
+    "eagle": ("eagle_train", "EagleTrainer"),
+}
 
-  tr = medusa_train.MedusaTrainer(config)
+
+def head_trainer(config):
+  """The trainer of `config.heads_kind` (train/tiny_raven_medusa.py, train/tiny_raven_eagle.py)."""
+  if config.heads_kind not in HEAD_TRAINERS:
+    raise ValueError(f"loopspec-train knows no heads_kind {config.heads_kind!r} (known: {sorted(HEAD_TRAINERS)})")
+  module, cls = HEAD_TRAINERS[config.heads_kind]
+  return getattr(importlib.import_module(f"loopspec_jax.heads.{module}"), cls)(config)
+
+
+def train_heads_from_config(config, command: str = "") -> dict:
+  """Draft heads on a frozen target (`config.heads_kind`): trains to config.steps (resuming from the last
+  checkpoint in config.workdir), exports the artefact and its card if config.export_dir."""
+  tr = head_trainer(config)
   t0 = time.time()
   state = tr.train()
   seconds = time.time() - t0
@@ -50,7 +61,8 @@ def train_heads_from_config(config, command: str = "") -> dict:
   if config.export_dir:
     out = export_path(config.export_dir)
     ev = tr.export(state, out, command=command, seconds=seconds)
-    print(f"exported to {out}; held-out top-1 (LM head, heads 0..): {[round(a, 4) for a in ev['accuracy']]}")
+    figures = ev.get("accuracy") or ev.get("level_top1")
+    print(f"exported to {out}; held-out top-1: {[round(a, 4) for a in figures]}")
   return ev
 
 

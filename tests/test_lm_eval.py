@@ -464,3 +464,56 @@ def test_bundled_tiny_raven_evaluates_with_every_method(tmp_path):
     assert len(rows) == 3 and all(r["identical_to_ar"] for r in rows)
     assert len({json.dumps(r["metrics"]) for r in rows}) == 1
     assert rows[2]["speed"]["mean_accepted_length"] > 4.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The head methods (medusa, eagle, mtp) by name: the head as a directory string, as --model_args gives it
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def head_dirs(model, tmp_path_factory):
+  """{kind: the directory of a randomly initialised head of that kind for `model`}."""
+  import head_helpers
+
+  from loopspec_jax.heads import artefact
+
+  root = tmp_path_factory.mktemp("heads")
+  out = {}
+  for kind in head_helpers.KINDS:
+    out[kind] = str(root / kind)
+    artefact.save(out[kind], head_helpers.random_heads(kind, model))
+  return out
+
+
+def _head_args(kind, head_dirs) -> dict:
+  import head_helpers
+
+  return dict(method=kind, heads=head_dirs[kind], **{k: str(v) for k, v in head_helpers.ENVELOPES[kind].items()})
+
+
+def test_head_methods_by_name_are_validated_before_decoding(model, head_dirs, monkeypatch):
+  monkeypatch.setattr(loopspec_jax, "generate", lambda *a, **k: pytest.fail("decoded before validating"))
+  for kind in ("medusa", "eagle", "mtp"):
+    lm = backend.LoopSpecLM(model=model, **_head_args(kind, head_dirs))
+    assert lm.method.name == kind and lm.method.heads.source == head_dirs[kind]
+    assert lm.method.spec.startswith(f"{kind}:heads={head_dirs[kind]},")
+  with pytest.raises(ValueError, match="needs heads="):
+    backend.LoopSpecLM(model=model, method="medusa")
+  with pytest.raises(ValueError, match="needs an 'eagle' head"):
+    backend.LoopSpecLM(model=model, method="eagle", heads=head_dirs["mtp"])
+  other = helpers.tokenized_model("huginn:tiny", contraction=0.7, max_len=128, hidden_size=64)  # another target
+  with pytest.raises(ValueError, match="medusa heads have hidden_size 32, the model 64"):
+    backend.LoopSpecLM(model=other, method="medusa", heads=head_dirs["medusa"])
+  with pytest.raises(ValueError, match=r"another target \(hidden_size: head 32, model 64"):
+    backend.LoopSpecLM(model=other, method="mtp", heads=head_dirs["mtp"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "mtp"])
+def test_head_methods_responses_equal_ar(gsm8k_runs, model, offline_tm, head_dirs, kind):
+  """Greedy GSM8K-CoT responses of the head methods by name equal AR's; their stats are the tree verifier's."""
+  lm = backend.LoopSpecLM(model=model, batch_size=2, **_head_args(kind, head_dirs))
+  res = harness(lm, [GSM8K], offline_tm, gen_kwargs=GEN_KWARGS)
+  resps = lambda r: [s["resps"] for s in per_doc(r["samples"][GSM8K])]
+  assert resps(res) == resps(gsm8k_runs["ar"][0])
+  s = lm.speed_stats(GSM8K)
+  assert s["tau"] == s["tokens"] / s["rounds"] and s["tokens"] == gsm8k_runs["ar"][1].speed_stats(GSM8K)["tokens"]

@@ -4,6 +4,7 @@
   loopspec-cost-report --config.models=tiny_raven,tiny_ouro
   loopspec-cost-report --config=cost/default.py:quick
   loopspec-cost-report --config=cost/default.py:trees   # tree self-speculation and lookahead at Huginn-0125
+  loopspec-cost-report --config=cost/default.py:heads   # a head's draft beside a d1 readout's (cost_heads.py)
 
 `models` names entries of `model_settings`: `spec` is a `configs.models.model_config` spec or
 "bundled:<name>" (only the bundled model's config is read), `methods` are "name[:k=v,...]" with the
@@ -44,6 +45,12 @@ def get_config(arg=None):
           "tau_task": "gsm8k",
           "tau_sampling": "greedy",
       },
+      "huginn_0125_heads": {  # the draft programs alone: d1 readouts and the heads (experiments/cost_heads.py)
+          "spec": "huginn:0125",
+          "d1s": (1, 2),  # readout depths (chain's and tree self-speculation's drafter)
+          "num_heads": 4,  # Medusa heads (tiny-raven-medusa's count)
+          "contexts": (),
+      },
       "ouro_1p4b": {
           "spec": "ouro:1p4b",
           "gamma": 3.5,
@@ -76,6 +83,11 @@ def get_config(arg=None):
     c.models = "huginn_0125_trees"
     c.contexts = (2048,)
     c.out = "results/cost/cost_report_trees.json"
+  elif arg == "heads":  # the draft cost of a head beside a d1 readout's at Huginn-0125 size, bytes and flops
+    c.models = "huginn_0125_heads"
+    c.contexts = (2048,)
+    c.draft_costs = True
+    c.out = "results/cost/cost_report_heads.json"
   elif arg == "quick":
     c.models = "tiny_raven"
     c.out = "results/cost/cost_report_quick.json"

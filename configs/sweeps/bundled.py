@@ -32,12 +32,19 @@ TREES = {  # the tree methods' rows of the baselines presets (issue 26's envelop
     "tiny-raven": "tree:d1=2,gamma=6,branch=4,tree_nodes=32;lookahead:window=5,ngram=4,guesses=5",
     "tiny-ouro": "tree:d1=1,gamma=3,branch=4,tree_nodes=16;lookahead:window=5,ngram=4,guesses=5",
 }
+# the bundled heads' rows (issue 27; the MTP head drafts for tiny-raven-mtp, another target, so it has no row here)
+HEADS = {
+    "tiny-raven": "medusa:heads=tiny-raven-medusa,tree_nodes=16,branch=4;"
+    "eagle:heads=tiny-raven-eagle,gamma=6,branch=4,tree_nodes=32",
+    "tiny-ouro": "",
+}
 
 
 def baselines(c, model: str, pair: str):
   """The `*_baselines` presets: GSM8K greedy and sampled (T = 1, top-p 0.7), AR + chain (the model's chain
   depth) + the separate drafter tiny-raven-draft (gamma 4 and "auto"; it shares the bundled models' tokenizer)
-  + prompt lookup (ngram 3, gamma 4) + the tree methods (`TREES`) + LoopSpec at the paper's pair, all in one run."""
+  + prompt lookup (ngram 3, gamma 4) + the bundled heads (`HEADS`) + the tree methods (`TREES`) + LoopSpec at
+  the paper's pair, all in one run."""
   c.samplings = "greedy,sample"
   c.num_prompts = 8  # on the loaded 2-core CPU: tiny-raven ~11 minutes, tiny-ouro ~4
   c.repeats = 3
@@ -46,7 +53,7 @@ def baselines(c, model: str, pair: str):
   c.draft_gammas = "4,auto"
   c.lookup_ngram = 3
   c.lookup_gammas = "4"
-  c.extra_methods = TREES[model]  # tree self-speculation and lookahead
+  c.extra_methods = ";".join(filter(None, (HEADS[model], TREES[model])))  # heads, tree self-spec., lookahead
   c.out_dir = f"results/bundled/{model}/sweep_baselines"
   c.replay_jsonl = f"results/bundled/{model}/sweep/replay.jsonl"  # gamma with every spawn granted (greedy)
 

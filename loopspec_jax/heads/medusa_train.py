@@ -5,15 +5,14 @@ stdlib source) tokenized with the TARGET's tokenizer, so token ids mean what the
 k is `data.batch_at(corpus, k, seed=...)`, a function of (seed, k) only. Per step the frozen target's final
 features of the batch are computed once (full depth R, stop_gradient) and the heads take one AdamW step on
 the summed per-head cross-entropy (`medusa.loss`). Orbax checkpoints of (head params, opt state, step) in
-`workdir` make a rerun resume exactly. `export` saves the artefact (`heads.artefact.save`) with a model card
-holding held-out per-head top-1 accuracy.
+`workdir` make a rerun resume exactly (`head_train.HeadTrainer`). `export` saves the artefact
+(`heads.artefact.save`) with a model card holding held-out per-head top-1 accuracy.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Optional
 
 import jax
@@ -21,32 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopspec_jax.heads import artefact
+from loopspec_jax.heads import head_train
 from loopspec_jax.heads import medusa
 from loopspec_jax.train import data as D
-from loopspec_jax.train import trainer as T
 
 TEST_WINDOWS = 2  # the first held-out windows, whose figures the test suite recomputes
 
 
-def target_corpus(model, stdlib_max_bytes: int) -> D.Corpus:
-  """The training corpus tokenized with the target's own tokenizer (documents joined by its eos)."""
-  tok = model.tokenizer
-  docs = D.corpus_docs(stdlib_max_bytes)
-  eot = tok.token_to_id(D.EOT)
-  tokens = {}
-  for src in D.SOURCES:
-    parts = []
-    for enc in tok.encode_batch(docs[src]):
-      parts += [np.asarray(enc.ids, np.int32), np.asarray([eot], np.int32)]
-    tokens[src] = np.concatenate(parts)
-  return D.Corpus(tokens, tok, "target-" + (artefact.tokenizer_digest(tok) or "none")[:16])
-
-
-def heldout_windows(model, seq_len: int, n: int) -> np.ndarray:
-  """The first n non-overlapping [seq_len + 1] windows of held-out Shakespeare, in the target's tokens."""
-  ids = np.asarray(model.tokenizer.encode(D.heldout_shakespeare()).ids, np.int32)
-  n = min(n, (len(ids) - 1) // seq_len)
-  return np.stack([ids[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])
+target_corpus = head_train.target_corpus
+heldout_windows = head_train.heldout_windows
 
 
 def make_step(cfg, opt):
@@ -60,84 +42,19 @@ def make_step(cfg, opt):
   return jax.jit(step, donate_argnums=(0,))
 
 
-class MedusaTrainer:
+class MedusaTrainer(head_train.HeadTrainer):
   """A Medusa head training run described by a configs/train/*_medusa.py ConfigDict; resumes from workdir."""
 
-  def __init__(self, config, workdir: Optional[str] = None, model=None):
-    from loopspec_jax import api
-
-    c = self.config = config
-    self.model = model if model is not None else api.load(c.target)
-    self.cfg = self.model.config
-    self.workdir = os.path.abspath(workdir or c.workdir)
-    self.corpus = target_corpus(self.model, c.data.stdlib_max_bytes)
-    self.opt, self.schedule = T.make_optimizer(
-        float(c.lr),
-        int(c.steps),
-        int(c.warmup_steps),
-        float(c.min_lr_ratio),
-        float(c.weight_decay),
-        float(c.grad_clip),
-        float(c.b1),
-        float(c.b2),
-    )
+  def __init__(self, config, workdir: Optional[str] = None, model=None, corpus=None):
+    super().__init__(config, workdir, model, corpus)
     self.step_fn = make_step(self.cfg, self.opt)
-    self._mngr = None
-
-  def batch(self, step: int) -> np.ndarray:
-    c = self.config
-    w = dict(c.data.weights)
-    return D.batch_at(self.corpus, step, seed=c.seed, batch_size=c.batch_size, seq_len=c.seq_len, weights=w)
 
   def init_state(self):
     hp = medusa.init_params(self.model.params, self.cfg, int(self.config.num_heads))
     return {"params": hp, "opt_state": self.opt.init(hp), "step": jnp.int32(0)}
 
-  @property
-  def manager(self):
-    import orbax.checkpoint as ocp
-
-    if self._mngr is None:
-      opts = ocp.CheckpointManagerOptions(max_to_keep=2, create=True, enable_async_checkpointing=False)
-      self._mngr = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=opts)
-    return self._mngr
-
-  def restore_or_init(self):
-    import orbax.checkpoint as ocp
-
-    last = self.manager.latest_step()
-    if last is None:
-      return self.init_state()
-    state = self.manager.restore(last, args=ocp.args.StandardRestore(jax.eval_shape(self.init_state)))
-    return jax.tree_util.tree_map(jnp.asarray, state)
-
-  def train(self, stop_at: Optional[int] = None):
-    import orbax.checkpoint as ocp
-
-    c = self.config
-    total = c.steps if stop_at is None else min(stop_at, c.steps)
-    state = self.restore_or_init()
-    t0 = time.time()
-    for step in range(int(state["step"]), total):
-      state, m = self.step_fn(state, self.model.params, jnp.asarray(self.batch(step)))
-      done = step + 1
-      if done % c.log_every == 0 or done == total:
-        rec = {"step": done, "loss": float(m["loss"]), "xent": np.asarray(m["xent"]).round(4).tolist()}
-        rec["seconds"] = round(time.time() - t0, 1)
-        print(json.dumps(rec), flush=True)
-        os.makedirs(self.workdir, exist_ok=True)
-        with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
-          f.write(json.dumps(rec) + "\n")
-      if done % c.save_every == 0 or done == total:
-        if self.manager.latest_step() != done:
-          self.manager.save(done, args=ocp.args.StandardSave(state), force=True)
-          self.manager.wait_until_finished()
-    return state
-
-  def close(self):
-    if self._mngr is not None:
-      self._mngr.close()
-      self._mngr = None
+  def update(self, state, step: int):
+    return self.step_fn(state, self.model.params, jnp.asarray(self.batch(step)))
 
   def heads(self, state) -> artefact.Heads:
     hp = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), jax.device_get(state["params"]))

@@ -227,13 +227,18 @@ def param_axes(path, leaf) -> tuple:
 def tree_axes(tree, kind):
   """Logical axes of every leaf of a tree of arrays (or ShapeDtypeStructs), in a tree of the same structure
   whose leaves are `P(*names)` (logical names, not yet mesh axes). kind: 'params' or another of `PARAM_KINDS`
-  (the table by path), 'state' (the axes its dataclasses declare), or a tuple of logical names (every leaf)."""
+  (the table by path), 'state' (the axes its dataclasses declare), 'replicated' (no leaf sharded), or a tuple of
+  logical names (every leaf)."""
   if isinstance(kind, str) and kind in PARAM_KINDS:
     return jax.tree_util.tree_map_with_path(lambda path, x: P(*param_axes(path, x)), tree)
   if kind == "state":
     return logical.map_with_axes(lambda axes, x: P(*axes), tree)
+  if kind == "replicated":  # every leaf whole on every device (a draft head's parameters)
+    return jax.tree_util.tree_map(lambda x: P(*(None,) * len(x.shape)), tree)
   if isinstance(kind, str):
-    raise ValueError(f"unknown tree kind {kind!r} ({', '.join(PARAM_KINDS)}, state, or a tuple of logical axes)")
+    raise ValueError(
+        f"unknown tree kind {kind!r} ({', '.join(PARAM_KINDS)}, state, replicated, or a tuple of logical axes)"
+    )
   return jax.tree_util.tree_map(lambda x: P(*kind), tree)
 
 

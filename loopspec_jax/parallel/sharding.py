@@ -153,7 +153,7 @@ class EntryPoint:
   """How one decode entry point runs sharded.
 
   kinds: the kind of each leading array argument, one of `rules.PARAM_KINDS` ('params': laid out for the
-  static `cfg`; 'draft_params': for `dcfg`), 'state' (declared axes) or a tuple of logical axes (see
+  static `cfg`; 'draft_params': for `dcfg`), 'state' (declared axes), 'replicated' or a tuple of logical axes (see
   `rules.tree_axes`); the arguments after them are static (cfg, dcfg, shape, greedy, cache_group, ...).
   donate: indices (among the array arguments) of the donated ones. out: the index of the argument whose
   shardings the output keeps (a decode loop: state in, state out; the host reads it, so `to_host`), or the
@@ -171,6 +171,9 @@ _LOOP = EntryPoint(("params", "state", "state"), donate=(1,), out=1)  # (params,
 # method='draft': the drafter's parameters follow the usual arguments; its KV cache is in the state.
 _DRAFT_INIT = dataclasses.replace(_INIT, kinds=_INIT.kinds + ("draft_params",))
 _DRAFT_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("draft_params",))
+# The head methods (medusa, eagle, mtp): the head's parameters follow the usual arguments, replicated (a head is
+# small beside the target: a block and the LM head at most).
+_HEAD_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("replicated",))
 _DECODING = "loopspec_jax.decoding"
 # "module.function" -> its EntryPoint (read-only: an entry point is declared here, once).
 ENTRY_POINTS = types.MappingProxyType(
@@ -191,6 +194,8 @@ ENTRY_POINTS = types.MappingProxyType(
         f"{_DECODING}.tree.self_spec.decode_loop": _LOOP,
         f"{_DECODING}.tree.lookahead.initial_state": _INIT,
         f"{_DECODING}.tree.lookahead.decode_loop": _LOOP,
+        **{f"{_DECODING}.tree.{m}.initial_state": _INIT for m in ("medusa", "eagle", "mtp")},
+        **{f"{_DECODING}.tree.{m}.decode_loop": _HEAD_LOOP for m in ("medusa", "eagle", "mtp")},
     }
 )
 _N_STATIC = 4  # run_sharded's static arguments: (fn, static keyword items, parameter layouts, mesh plan)

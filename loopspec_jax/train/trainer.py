@@ -268,7 +268,50 @@ def objective_from_config(c) -> Objective:
   )
 
 
-class Trainer:
+class Checkpointed:
+  """Orbax checkpoints of a training state ({"params", "opt_state", "step", ...}) in `self.workdir`: the
+  model trainer's and the head trainers' (heads/head_train.py). Needs `self.config` (keep_checkpoints,
+  save_every), `self.workdir`, `self._mngr` (None at first) and `self.init_state()`."""
+
+  @property
+  def manager(self):
+    if self._mngr is None:
+      import orbax.checkpoint as ocp
+
+      opts = ocp.CheckpointManagerOptions(
+          max_to_keep=self.config.keep_checkpoints, create=True, enable_async_checkpointing=False
+      )
+      self._mngr = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=opts)
+    return self._mngr
+
+  def restore_or_init(self):
+    """The last saved state in workdir, else a fresh one."""
+    import orbax.checkpoint as ocp
+
+    last = self.manager.latest_step()
+    if last is None:
+      return self.init_state()
+    abstract = jax.eval_shape(self.init_state)
+    state = self.manager.restore(last, args=ocp.args.StandardRestore(abstract))
+    return jax.tree_util.tree_map(jnp.asarray, state)
+
+  def save(self, state, force: bool = False):
+    import orbax.checkpoint as ocp
+
+    step = int(state["step"])
+    if force or step % self.config.save_every == 0:
+      if self.manager.latest_step() != step:
+        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self.manager.wait_until_finished()
+
+  def close(self):
+    if self._mngr is not None:
+      self._mngr.wait_until_finished()
+      self._mngr.close()
+      self._mngr = None
+
+
+class Trainer(Checkpointed):
   """Owns a training run described by a configs/train/*.py ConfigDict; resumes from `workdir` if present."""
 
   def __init__(self, config, workdir: Optional[str] = None, corpus: Optional[D.Corpus] = None):
@@ -327,43 +370,6 @@ class Trainer:
       params["mtp"] = mtp.init_params(self.cfg, jax.random.fold_in(k_params, 1))
     params = M.cast_params(params, jnp.float32)
     return {"params": params, "opt_state": self.opt.init(params), "step": jnp.int32(0), "rng": k_rng}
-
-  @property
-  def manager(self):
-    if self._mngr is None:
-      import orbax.checkpoint as ocp
-
-      opts = ocp.CheckpointManagerOptions(
-          max_to_keep=self.config.keep_checkpoints, create=True, enable_async_checkpointing=False
-      )
-      self._mngr = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=opts)
-    return self._mngr
-
-  def restore_or_init(self):
-    """The last saved state in workdir, else a fresh one."""
-    import orbax.checkpoint as ocp
-
-    last = self.manager.latest_step()
-    if last is None:
-      return self.init_state()
-    abstract = jax.eval_shape(self.init_state)
-    state = self.manager.restore(last, args=ocp.args.StandardRestore(abstract))
-    return jax.tree_util.tree_map(jnp.asarray, state)
-
-  def save(self, state, force: bool = False):
-    import orbax.checkpoint as ocp
-
-    step = int(state["step"])
-    if force or step % self.config.save_every == 0:
-      if self.manager.latest_step() != step:
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
-
-  def close(self):
-    if self._mngr is not None:
-      self._mngr.wait_until_finished()
-      self._mngr.close()
-      self._mngr = None
 
   # -- the loop -----------------------------------------------------------------------------------
   def train(self, stop_at: Optional[int] = None, progress: bool = True, state=None):

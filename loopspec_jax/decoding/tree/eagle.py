@@ -35,13 +35,13 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
-from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.heads import artefact
+from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
 
@@ -50,11 +50,11 @@ DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
 class HeadState:
   """The head's cache and the pending rows (module docstring)."""
 
-  k: jax.Array  # [B, KV, T, D]
-  v: jax.Array  # [B, KV, T, D]
-  feat: jax.Array  # [B, gamma + 1, F] raw target features of positions q0 + i
-  q0: jax.Array  # [B]
-  hist: jax.Array  # [B, gamma + 1] rounds by number of accepted drafts (per-level acceptance)
+  k: jax.Array = axes_field("batch", None, None, None)  # [B, KV, T, D]
+  v: jax.Array = axes_field("batch", None, None, None)  # [B, KV, T, D]
+  feat: jax.Array = axes_field("batch", None, None)  # [B, gamma + 1, F] raw target features of positions q0 + i
+  q0: jax.Array = axes_field("batch")  # [B]
+  hist: jax.Array = axes_field("batch", None)  # [B, gamma + 1] rounds by number of accepted drafts
 
 
 def verify_features(feature: str, depths: tuple) -> tuple:
@@ -255,37 +255,23 @@ def resolve(cfg: ModelConfig, gamma, branch, tree_nodes) -> dict:
   return env
 
 
-def _load(heads):
-  return artefact.load(heads) if isinstance(heads, str) else heads
-
-
 @dataclasses.dataclass(frozen=True)
-class Eagle(Method):
+class Eagle(HeadMethod):
   """EAGLE: a tree of `tree_nodes` drafts from an EAGLE head (`heads=lj.load_heads('tiny-raven-eagle')`) on
   the target's features, `gamma` levels deep, top-`branch` per frontier node, verified in one full-depth pass
   (defaults gamma=6, branch=4, 32 nodes)."""
 
   name = "eagle"
+  kind = E.KIND
+  example = "tiny-raven-eagle"
   positional = ("heads", "gamma", "branch", "tree_nodes")
   heads: Any = dataclasses.field(default=None, compare=False)  # a Heads artefact, or its name / directory
   gamma: Optional[int] = None
   branch: Optional[int] = None
   tree_nodes: Optional[int] = None
 
-  def __post_init__(self):
-    if isinstance(self.heads, str):
-      object.__setattr__(self, "heads", _load(self.heads))
-
-  def validate(self, cfg: ModelConfig) -> None:
-    if self.heads is None:
-      raise ValueError("method='eagle' needs heads= (an EAGLE head artefact: lj.load_heads('tiny-raven-eagle'))")
-    if not isinstance(self.heads, artefact.Heads) or self.heads.kind != E.KIND:
-      kind = getattr(self.heads, "kind", type(self.heads).__name__)
-      raise ValueError(f"method='eagle' needs an EAGLE head artefact, got {kind!r}")
+  def validate_envelope(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.gamma, self.branch, self.tree_nodes)
-
-  def check_target(self, model) -> None:
-    artefact.check_target(self.heads, model)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     env = resolve(cfg, self.gamma, self.branch, self.tree_nodes)

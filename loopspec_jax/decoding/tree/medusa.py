@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 from typing import Optional, Union
 
 import flax.struct
@@ -35,13 +34,14 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
-from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
+from loopspec_jax.decoding.tree.head_method import HeadMethod, check_kind
 from loopspec_jax.decoding.tree.self_spec import select
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import medusa as heads_lib
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"tree_nodes": 16, "branch": 4}
 MAX_POOL = 4096
@@ -51,8 +51,8 @@ MAX_POOL = 4096
 class MedusaState:
   """feature [B, E] float32: h_a, the final feature the heads read; ready [B]: h_a has been computed."""
 
-  feature: jax.Array
-  ready: jax.Array
+  feature: jax.Array = axes_field("batch", None)
+  ready: jax.Array = axes_field("batch")
 
 
 def pool_layout(num_heads: int, branch: int):
@@ -193,11 +193,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, num_heads: int, branch: int, t
 
 def resolve(cfg: ModelConfig, heads, tree_nodes, branch) -> dict:
   """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
-  if heads is None:
-    raise ValueError("method='medusa' needs heads=<a Medusa head artefact (lj.load_heads('tiny-raven-medusa'))>")
-  if not isinstance(heads, artefact.Heads) or heads.kind != heads_lib.KIND:
-    what = heads.kind if isinstance(heads, artefact.Heads) else type(heads).__name__
-    raise ValueError(f"method='medusa' needs heads of kind 'medusa', got {what}")
+  check_kind("medusa", heads, heads_lib.KIND, Medusa.example)
   for key, want in (("hidden_size", cfg.hidden_size), ("vocab_size", cfg.vocab_size)):
     if heads.config.get(key) != want:
       raise ValueError(f"the medusa heads have {key} {heads.config.get(key)}, the model {want}")
@@ -242,45 +238,21 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, tr
   )
 
 
-@functools.lru_cache(maxsize=None)
-def _load(name: str) -> artefact.Heads:
-  return artefact.load(name)
-
-
 @dataclasses.dataclass(frozen=True)
-class Medusa(Method):
+class Medusa(HeadMethod):
   """Medusa-1: a tree of `tree_nodes` drafts from the top-`branch` tokens of each Medusa head (`heads`, an
   artefact or a bundled head's name), verified in one full-depth pass (defaults 16 nodes, branch 4)."""
 
   name = "medusa"
+  kind = heads_lib.KIND
+  example = "tiny-raven-medusa"
   positional = ("heads", "tree_nodes", "branch")
   heads: Union[artefact.Heads, str, None] = dataclasses.field(default=None, compare=False)
   tree_nodes: Optional[int] = None
   branch: Optional[int] = None
 
-  def __post_init__(self):
-    if isinstance(self.heads, str):
-      object.__setattr__(self, "heads", _load(self.heads))
-
-  @property
-  def label(self) -> str:
-    args = [f"{k}={getattr(self, k)}" for k in ("tree_nodes", "branch") if getattr(self, k) is not None]
-    return "medusa" + (f"({','.join(args)})" if args else "")
-
-  @property
-  def spec(self) -> str:
-    src = getattr(self.heads, "source", None)
-    if src and os.path.dirname(src) == os.path.abspath(artefact.ASSETS):
-      src = os.path.basename(src)  # a bundled head by its name
-    args = [f"heads={src}"] if src else []
-    args += [f"{k}={getattr(self, k)}" for k in ("tree_nodes", "branch") if getattr(self, k) is not None]
-    return "medusa" + (":" + ",".join(args) if args else "")
-
-  def validate(self, cfg: ModelConfig) -> None:
+  def validate_envelope(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.heads, self.tree_nodes, self.branch)
-
-  def check_target(self, model) -> None:
-    artefact.check_target(self.heads, model)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(

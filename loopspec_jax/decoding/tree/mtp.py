@@ -22,20 +22,29 @@ import dataclasses
 import functools
 from typing import Any, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
-from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.heads import artefact
+from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 1, "branch": 1}
+
+
+@flax.struct.dataclass
+class MTPState:
+  """feature [B, E] float32: the depth-R feature of the last accepted node; has [B]: a feature exists yet."""
+
+  feature: jax.Array = axes_field("batch", None)
+  has: jax.Array = axes_field("batch")
 
 
 def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, branch: int) -> tv.Tree:
@@ -81,7 +90,7 @@ def decode_loop(
     b = st.tokens.shape[0]
     p0 = st.length - 1
     root = st.tokens[jnp.arange(b), p0]
-    feature, has = st.extra
+    feature, has = st.extra.feature, st.extra.has
     tree = draft_tree(mparams, params, feature, has, root, cfg=cfg, gamma=gamma, branch=branch)
     new, _, _, feat = tv.verify_round(
         params,
@@ -97,7 +106,7 @@ def decode_loop(
         last_feature="hidden",
     )
     live = ~st.done
-    return new.replace(extra=(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
+    return new.replace(extra=MTPState(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
 
   return common.loop_until_done(round_, state, sp)
 
@@ -106,7 +115,7 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
   del sp
   b = tokens.shape[0]
-  extra = (jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
+  extra = MTPState(jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
   return tv.fresh_state(cache, tokens, lengths, extra)
 
 
@@ -147,13 +156,8 @@ def resolve(cfg: ModelConfig, gamma, branch) -> dict:
   return env
 
 
-def check_heads(heads, model) -> None:
-  """ValueError unless `heads` is an MTP head trained for `model` (signature and parameter shapes)."""
-  if heads is None:
-    raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
-  artefact.check_target(heads, model)
-  if heads.kind != head.KIND:
-    raise ValueError(f"method='mtp' needs an 'mtp' head, got a {heads.kind!r} head ({heads.source})")
+def check_shapes(heads, model) -> None:
+  """ValueError unless the MTP head's parameter shapes fit the target's blocks."""
   want = jax.tree_util.tree_map(lambda x: tuple(x.shape), head.init_params_abstract(model.config))
   got = jax.tree_util.tree_map(lambda x: tuple(x.shape), heads.params)
   if want != got:
@@ -175,39 +179,25 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, **
   )
 
 
-@functools.lru_cache(maxsize=None)
-def _load_heads(spec: str):
-  return artefact.load(spec)
-
-
 @dataclasses.dataclass(frozen=True)
-class MTP(Method):
+class MTP(HeadMethod):
   """MTP drafting: the target's own DeepSeek-V3 MTP module (`heads`, kind 'mtp') drafts top-`branch` tokens
   for `gamma` levels (defaults 1 and 1: one draft per round) from the last accepted feature."""
 
   name = "mtp"
+  kind = head.KIND
+  example = "tiny-raven-mtp"
   positional = ("gamma", "branch")
   heads: Any = dataclasses.field(default=None, compare=False)
   gamma: Optional[int] = None
   branch: Optional[int] = None
 
-  def __post_init__(self):
-    if isinstance(self.heads, str):  # a bundled head's name or a head directory (loaded once per process)
-      object.__setattr__(self, "heads", _load_heads(self.heads))
-
-  @property
-  def spec(self) -> str:
-    src = getattr(self.heads, "source", None)
-    args = ([f"heads={src}"] if src else []) + [f"{k}={v}" for k, v in self.args.items() if k != "heads"]
-    return "mtp" + (":" + ",".join(args) if args else "")
-
-  def validate(self, cfg: ModelConfig) -> None:
-    if self.heads is None:
-      raise ValueError("method='mtp' needs heads=<an MTP head artefact (lj.load_heads('tiny-raven-mtp'))>")
+  def validate_envelope(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.gamma, self.branch)
 
   def check_target(self, model) -> None:
-    check_heads(self.heads, model)
+    super().check_target(model)
+    check_shapes(self.heads, model)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
     return make_decoder(
