@@ -502,6 +502,15 @@ def run_workers(test_file: str, names, xla_flags: str, timeout_s: float) -> dict
   return reports
 
 
+def mesh_reports(test_file: str, workers: dict, xla_flags: str, timeout_s: float) -> dict:
+  """`run_workers` over `workers` ({worker name: mesh shape or None}); prints each worker's CPU seconds and
+  timings and returns {mesh shape or None: report} (the mesh tests' module fixture)."""
+  by_name = run_workers(test_file, workers, xla_flags, timeout_s)
+  for name, rep in by_name.items():
+    print(name, "cpu_s:", rep["cpu_s"], "timings:", rep["timings"])
+  return {workers[name]: rep for name, rep in by_name.items()}
+
+
 def worker_main(worker) -> None:
   """The `__main__` of a test file run by `run_workers`: `--worker NAME OUT.json` calls worker(NAME, OUT)."""
   if len(sys.argv) == 4 and sys.argv[1] == "--worker":

@@ -113,10 +113,7 @@ def _worker(name: str, out_path: str):
 
 @pytest.fixture(scope="module")
 def reports():
-  by_name = helpers.run_workers(__file__, WORKERS, XLA_FLAGS, WORKER_TIMEOUT_S)
-  for name, rep in by_name.items():
-    print(name, "cpu_s:", rep["cpu_s"], "timings:", rep["timings"])
-  return {WORKERS[name]: rep for name, rep in by_name.items()}
+  return helpers.mesh_reports(__file__, WORKERS, XLA_FLAGS, WORKER_TIMEOUT_S)
 
 
 @pytest.mark.slow
