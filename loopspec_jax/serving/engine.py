@@ -198,7 +198,10 @@ class Engine:
     self.metrics = EngineMetrics(method=self.method.name)
     self._prev_counters = np.zeros((b, len(COUNTERS)), np.int64)
     self._sp_base = None
-    self.state = self._empty_state()
+    # Committed to its device from the start: the decode loop's outputs are committed whenever any input is (a
+    # loaded head's or model's parameters), and a state that changed from uncommitted to committed between
+    # two calls would compile the loop a second time.
+    self.state = self._empty_state() if self.mesh is not None else jax.device_put(self._empty_state(), jax.devices()[0])
     # the decoder's static settings (R, d1, gamma, ...), read once: the method derives its served figures
     # from them and the engine's summed counters (metrics.served_stats)
     self.stats_settings = self.decoder.stats(self.state).settings
