@@ -16,7 +16,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
         lj.AR(),
         pytest.param(lj.Chain(d1=1, gamma=3), marks=pytest.mark.slow),
         lj.LoopSpec(d1=1, d2=2),
-        lj.Lookup(ngram=2, gamma=3),
+        pytest.param(lj.Lookup(ngram=2, gamma=3), marks=pytest.mark.slow),
     ],
     ids=str,
 )
