@@ -57,11 +57,12 @@ def ar_reference(spec):
   return helpers.generate_cached(spec, CONTRACTION, "ar", max_new=N_NEW)
 
 
-def check_loopspec(spec, d1, d2):
+def check_loopspec(spec, d1, d2, default_capacity=False):
   model = tiny_model(spec, CONTRACTION)
   r = model.config.recurrence
-  # Room for the R/d1 + 1 pipeline lanes, each with a second-proposal subtree of up to (R - d2)/d1 + 1 lanes.
-  cap = (r // d1 + 1) * (1 if d2 is None else (r - d2) // d1 + 2)
+  # Room for the R/d1 + 1 pipeline lanes, each with a second-proposal subtree of up to (R - d2)/d1 + 1 lanes;
+  # or the default table (at R <= 8 the schedule's worst case, `state.stage_width`).
+  cap = None if default_capacity else (r // d1 + 1) * (1 if d2 is None else (r - d2) // d1 + 2)
   got = helpers.generate_cached(spec, CONTRACTION, "loopspec", max_new=N_NEW, d1=d1, d2=d2, lane_capacity=cap)
   want = ar_reference(spec)
   assert got.tokens == want.tokens, got.stats["commits"]
@@ -102,6 +103,36 @@ def with_slow(fast, slow):
 @pytest.mark.parametrize("spec,d1,d2", with_slow(LOOPSPEC, LOOPSPEC_SLOW))
 def test_loopspec_commit_sources_equal_readout_prediction(spec, d1, d2):
   check_loopspec(spec, d1, d2)
+
+
+@pytest.mark.parametrize(
+    "spec,d1,d2",
+    [("ouro:tiny", 1, 2)]
+    + [pytest.param(n, 1, d2, marks=pytest.mark.slow) for n, d2 in (("huginn:tiny", 2), ("huginn:tiny", 4))],
+)
+def test_loopspec_default_capacity_skips_no_spawn(spec, d1, d2):
+  """Issue 25 item 9: d1 = 1 with nested second-proposal branches (R = 8 (1, 2): up to 21 lanes per stage) at
+  the default lane table: no spawn is skipped and every commit's source is the readout prediction."""
+  check_loopspec(spec, d1, d2, default_capacity=True)
+
+
+@pytest.mark.slow
+def test_bundled_tiny_ouro_default_capacity_skips_no_spawn():
+  """The bundled tiny-ouro (R = 4) at (1, 2) and the default table (3 lanes per stage, the worst case): greedy
+  output equals AR, no spawn is skipped and every commit's source is the readout prediction."""
+  import loopspec_jax
+
+  model = loopspec_jax.load("tiny-ouro")
+  prompts = [list(p) for p in PROMPTS]
+  want = loopspec_jax.generate(model, prompts, max_new_tokens=32, method="ar")
+  got = loopspec_jax.generate(model, prompts, max_new_tokens=32, method="loopspec", d1=1, d2=2)
+  assert got.tokens == want.tokens and got.stats["skipped_spawns"] == 0, got.stats
+  assert got.stats["lane_capacity"] == 12
+  pr = got.stats["per_request"]
+  for i, (prompt, toks) in enumerate(zip(PROMPTS, want.tokens)):
+    pred = helpers.loopspec_sources(model, prompt, toks, 1, 2)
+    engine = {k: pr[k][i] for k in ("first", "second", "restart", "last_source")}
+    assert engine == {k: pred[k] for k in engine}, f"request {i}: engine {engine}, readouts {pred}"
 
 
 @pytest.mark.parametrize("spec,d1,gamma", with_slow(CHAIN, CHAIN_SLOW))

@@ -59,3 +59,53 @@ def test_block_scores_equal_the_plain_dot(q_rows):
   keys = jnp.asarray(rng.standard_normal((3, 2, 4, 11, 8)), jnp.float32)
   want = np.einsum("gbkqd,gbktd->gbkqt", np.asarray(qq, np.float64), np.asarray(keys, np.float64))
   np.testing.assert_allclose(np.asarray(lanes.block_scores(qq, keys)), want, rtol=1e-5, atol=1e-5)
+
+
+def _simulate_worst_case(r, d1, d2):
+  """Plain-Python schedule with every gate open: lanes (spawn tick, parent); each tick the lane at depth R
+  commits its first child (the subtree of the other children dies). Returns the most lanes spawned at one tick
+  that are alive together, and the most live lanes."""
+  g, hop = r // d1, (None if d2 is None else d2 // d1)
+  lanes_ = {0: (0, None)}  # id -> (spawn tick, parent id)
+  nxt, most_stage, most_live = 1, 1, 1
+  for t in range(1, 6 * g):
+    born = []
+    for lid, (t0, _) in list(lanes_.items()):
+      if t - t0 == 1 or (hop is not None and t - t0 == hop):
+        born.append(lid)
+    for parent in born:
+      lanes_[nxt] = (t, parent)
+      nxt += 1
+    roots = [lid for lid, (t0, _) in lanes_.items() if t - t0 == g]
+    for root in roots:  # commit: keep the first child's subtree
+      kept = min(c for c, (_, p) in lanes_.items() if p == root)
+
+      def keeps(lid):
+        while lid is not None and lid != kept:
+          lid = lanes_[lid][1] if lid in lanes_ else None
+        return lid == kept
+
+      lanes_ = {lid: v for lid, v in lanes_.items() if keeps(lid)}
+      lanes_[kept] = (lanes_[kept][0], None)
+    per_tick = {}
+    for t0, _ in lanes_.values():
+      per_tick[t0] = per_tick.get(t0, 0) + 1
+    most_stage = max(most_stage, max(per_tick.values()))
+    most_live = max(most_live, len(lanes_))
+  return most_stage, most_live
+
+
+@pytest.mark.parametrize("r,d1,d2", [(4, 1, 2), (8, 1, 4), (8, 1, 2), (8, 2, 4), (8, 2, 6), (8, 1, None)])
+def test_worst_case_lanes_equal_a_simulation_of_the_schedule(r, d1, d2):
+  from loopspec_jax.decoding.loopspec import state
+
+  assert _simulate_worst_case(r, d1, d2) == (state.worst_stage_lanes(r, d1, d2), state.worst_live_lanes(r, d1, d2))
+
+
+def test_default_table_is_the_worst_case_when_small():
+  from loopspec_jax.decoding.loopspec import state
+
+  assert state.worst_live_lanes(32, 2, 8) == 249  # the release's bound
+  assert state.stage_width(8, 1, 2, None) == 21 and state.stage_width(4, 1, 2, None) == 3
+  assert state.stage_width(32, 2, 8, None) == 2 and state.stage_width(32, 1, None, None) == 1
+  assert state.stage_width(8, 1, 2, 16) == 2  # an explicit capacity wins

@@ -147,9 +147,45 @@ def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
 
 
+# The default table holds the worst case of the schedule when that costs at most this many lanes per request.
+MAX_DEFAULT_LANES = 256
+
+
+def worst_spawns(r: int, d1: int, d2: Optional[int]) -> list:
+  """f[j], j < R/d1: the lanes spawned j ticks after a lane, all descending from it, when every gate opens
+  and nothing is pruned: f[0] = 1, f[j] = f[j - 1] + f[j - d2/d1] (a lane's first child spawns one tick after
+  it, its second child d2/d1 ticks after it). Without a second proposal every f[j] is 1."""
+  g = r // d1
+  hop = g if d2 is None else d2 // d1
+  f = [1]
+  for j in range(1, g):
+    f.append(f[j - 1] + (f[j - hop] if d2 is not None and j >= hop else 0))
+  return f
+
+
+def worst_stage_lanes(r: int, d1: int, d2: Optional[int]) -> int:
+  """The most lanes one stage can be asked to hold: f[R/d1 - 1] (a commit keeps one child's subtree, and the
+  newest stage holds that subtree's latest generation)."""
+  return worst_spawns(r, d1, d2)[-1]
+
+
+def worst_live_lanes(r: int, d1: int, d2: Optional[int]) -> int:
+  """The most live lanes per request in that worst case: sum f (R = 32, (2, 8): 249, the release's bound)."""
+  return sum(worst_spawns(r, d1, d2))
+
+
 def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> int:
-  """Lanes per stage W: capacity / (R/d1) rounded up; default 1 (single proposal) or 2 (room for a branch)."""
+  """Lanes per stage W: capacity / (R/d1) rounded up.
+
+  Default: the schedule's worst case (`worst_stage_lanes`), so that no spawn is ever skipped, whenever its
+  table has at most MAX_DEFAULT_LANES lanes (every R <= 8 configuration; Ouro's R = 4); otherwise 1 (single
+  proposal) or 2 (room for one branch per stage). On a compute-bound host every extra live lane costs a tick
+  rows of work (results/lanes/README.md measures W 8-16 at R = 32 at 4-5x the tick time), so the wide worst
+  case (R = 32, (2, 8): 69 lanes per stage, 1104 per request) is opt-in through `lane_capacity`."""
   if capacity is None:
+    worst = worst_stage_lanes(r, d1, d2)
+    if (r // d1) * worst <= MAX_DEFAULT_LANES:
+      return worst
     return 1 if d2 is None else 2
   return math.ceil(capacity / (r // d1))
 
