@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 
@@ -28,6 +29,7 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import sequoia
+from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.experiments import bench
 from loopspec_jax.experiments import tree_bound
 from loopspec_jax.models import kvcache
@@ -97,6 +99,208 @@ def continuation(model, task: str, lo: int, hi: int, new: int):
   return [p + t for p, t in zip(prompts, ar.tokens)], [len(p) for p in prompts]
 
 
+# ---------------------------------------------------------------------------------------------------
+# Sampled calibration (--sampled): per-rank acceptance of sampled-draft siblings at T = 1
+# ---------------------------------------------------------------------------------------------------
+def chain_dists(model, seqs, plens, d1: int, gamma: int, new: int, sp):
+  """(p, q) [O, B, gamma, V] and x [O, B, gamma]: along AR's text from every offset o, the target's processed
+  distribution p at the depth-l node (root + AR's next l tokens, one full-depth tree pass, i.e. the
+  verifier's own p), the drafter's q there (the depth-d1 readout with AR's tokens as in-flight ancestors,
+  exactly what the decoder drafts from when that path was accepted) and AR's token x at depth l + 1."""
+  cfg = model.config
+  b, t = len(seqs), max(len(s) for s in seqs) + gamma + 2
+  tokens = np.zeros((b, t), np.int32)
+  for i, s in enumerate(seqs):
+    tokens[i, : len(s)] = s
+  cache, _ = common.prefill_state(
+      model.params,
+      jnp.asarray(tokens),
+      jnp.asarray([len(s) for s in seqs], jnp.int32),
+      sp,
+      cfg=cfg,
+      readout_depths=(d1, cfg.recurrence),
+      total_len=t,
+      random_init=False,
+  )
+  layout = kvcache.CacheLayout.of(cfg, 2)
+  tri = np.tril(np.ones((gamma + 1, gamma + 1), bool))
+
+  @jax.jit
+  def one(params, cache, toks, p0):
+    params = M.prepare_params(params, cfg)
+    path = jnp.take_along_axis(toks, p0[:, None] + jnp.arange(gamma + 1)[None], axis=1)  # [B, gamma + 1]
+    qs, past = [], None
+    for lvl in range(gamma):
+      pm = None if lvl == 0 else jnp.ones((b, 1, lvl), bool)
+      lg, new_e = self_spec.run_level(params, cache, layout, path[:, lvl : lvl + 1], p0, lvl, past, pm, d1, cfg, None)
+      past = self_spec._append(past, new_e)
+      qs.append(lg[:, 0])
+    depth = jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
+    par = jnp.broadcast_to(jnp.maximum(jnp.arange(gamma + 1, dtype=jnp.int32) - 1, 0), (b, gamma + 1))
+    tree = tv.Tree(tokens=path, parent=par, depth=depth, valid=jnp.ones((b, gamma + 1), bool))
+    anc = jnp.broadcast_to(jnp.asarray(tri), (b, gamma + 1, gamma + 1))
+    pl = tv.tree_pass(params, cache, layout, tree, anc, p0, ((d1, 0), (cfg.recurrence, 1)), cfg)[0]
+    p = common.row_distributions(pl[:, :gamma], sp)
+    q = common.row_distributions(jnp.stack(qs, axis=1), sp)
+    return p, q, path[:, 1:]
+
+  out = []
+  for o in range(new):  # AR's text runs gamma tokens past the budget: every path lies inside it
+    out.append(one(model.params, cache, jnp.asarray(tokens), jnp.asarray(np.asarray(plens) - 1 + o, jnp.int32)))
+  return tuple(jnp.stack(z) for z in zip(*out))
+
+
+def _norm(r):
+  s = jnp.sum(r, -1, keepdims=True)
+  return jnp.where(s > 0, r / jnp.where(s > 0, s, 1.0), r)
+
+
+@functools.partial(jax.jit, static_argnames=("branch", "draws"))
+def sibling_accept(p, q, x, key, *, branch: int, draws: int):
+  """Per context (leading axes of p, q [..., V], x [...] the target's emitted token there), per sibling rank
+  k < branch: a[k] = P(sibling k is the accepted child) and w[k] = P(sibling k accepted | the emitted token is
+  x) under SpecInfer's rule, for children drawn from q with replacement ("sample": exact, the residual does
+  not depend on the rejected token), without ("distinct": the rejected tokens drawn `draws` times, Monte
+  Carlo), and deterministic top-k drafts ("topk": rank k = the k-th best of q, accepted iff the target's
+  draw is it). Returns {mode: (a, w)} each [..., branch]."""
+  px = jnp.take_along_axis(p, x[..., None], -1)[..., 0]
+  safe = jnp.where(px > 0, px, 1.0)
+  out = {}
+  r, surv, a, w = p, jnp.ones(p.shape[:-1]), [], []
+  for _ in range(branch):
+    m = jnp.minimum(r, q)
+    a.append(surv * jnp.sum(m, -1))
+    w.append(surv * jnp.take_along_axis(m, x[..., None], -1)[..., 0] / safe)
+    surv = surv * (1.0 - jnp.sum(m, -1))
+    r = _norm(jnp.maximum(r - q, 0.0))
+  out["sample"] = (jnp.stack(a, -1), jnp.stack(w, -1))
+
+  def distinct(k):
+    r, left, surv, a, w = p, q, jnp.ones(p.shape[:-1]), [], []
+    for j in range(branch):
+      qj = _norm(left)
+      m = jnp.minimum(r, qj)
+      a.append(surv * jnp.sum(m, -1))
+      w.append(surv * jnp.take_along_axis(m, x[..., None], -1)[..., 0] / safe)
+      surv = surv * (1.0 - jnp.sum(m, -1))
+      rej = _norm(jnp.maximum(qj - r, 0.0))  # the drawn sibling's token given it was rejected
+      tok = jax.random.categorical(jax.random.fold_in(k, j), jnp.log(jnp.maximum(rej, 1e-30)))
+      r = _norm(jnp.maximum(r - qj, 0.0))
+      left = left * (1.0 - jax.nn.one_hot(tok, left.shape[-1], dtype=left.dtype))
+    return jnp.stack(a, -1), jnp.stack(w, -1)
+
+  da, dw = jax.vmap(distinct)(jax.random.split(key, draws))
+  out["distinct"] = (da.mean(0), dw.mean(0))
+  top = jax.lax.top_k(q, branch)[1]
+  out["topk"] = (jnp.take_along_axis(p, top, -1), (top == x[..., None]).astype(p.dtype))
+  # the bound of ANY verification of k i.i.d. drafts from q (optimal coupling, SpecTr): P(accepted among the
+  # first k) <= sum_x min(p(x), 1 - (1 - q(x))^k); entry k: the gain of the k-th draw (no w: no tau replay)
+  c = [jnp.sum(jnp.minimum(p, 1.0 - (1.0 - q) ** (k + 1)), -1) for k in range(branch)]
+  out["ot bound"] = (jnp.stack([c[0]] + [c[k] - c[k - 1] for k in range(1, branch)], -1), None)
+  top_p = jax.lax.top_k(p, branch)[0]  # deterministic drafts, even chosen knowing p: the target's top-k mass
+  out["topk of p bound"] = (top_p, None)
+  return out
+
+
+def shape_value(shape, w) -> np.ndarray:
+  """[...]: the expected accepted drafts of a static shape given the emitted path (w [..., gamma, branch]:
+  P(rank k accepted at depth l + 1 | emitted tokens)): the sum over nodes of the product along their path."""
+  reach = [np.ones(w.shape[:-2])]
+  for i in range(1, len(shape.parent)):
+    reach.append(reach[shape.parent[i]] * w[..., shape.depth[i] - 1, shape.rank[i]])
+  return np.sum(reach[1:], axis=0)
+
+
+def sample_depths(shape, w, rng) -> np.ndarray:
+  """[O, B] accepted depths drawn given the emitted text: P(depth >= d) = sum over depth-d nodes of reach."""
+  reach = [np.ones(w.shape[:-2])]
+  at = np.zeros(w.shape[:-2] + (max(shape.depth) + 1,))
+  for i in range(1, len(shape.parent)):
+    reach.append(reach[shape.parent[i]] * w[..., shape.depth[i] - 1, shape.rank[i]])
+    at[..., shape.depth[i]] += reach[-1]
+  at[..., 0] = 1.0
+  u = rng.random(w.shape[:-2])
+  return np.sum(at[..., 1:] > u[..., None], axis=-1)
+
+
+def sampled_main(args, model, tasks):
+  """--sampled: vectors per drafts mode and d1 from AR's T = 1 text on prompts 8..15; shapes evaluated
+  (exact expected accepted per offset, rounds simulated with depths drawn given the text) on prompts 0..7."""
+  g, br, n, new = args.gamma, args.branch, args.nodes, args.new
+  t1 = lambda tk, lo, hi: sampled_continuation(model, tk, lo, hi, new + g, args.seed)
+  calib = {tk: t1(tk, 8, 16) for tk in tasks}
+  evals = {tk: t1(tk, 0, 8) for tk in tasks}
+  rng = np.random.default_rng(0)
+  results, lines = {}, ["| d1 | drafts | shape | accept (per rank, pooled flat) | " + " | ".join(tasks) + " |"]
+  lines.append("|---" * (4 + len(tasks)) + "|")
+  for d1 in (int(v) for v in args.d1.split(",")):
+    res = {"accept": {}, "accept_depth": {}, "tau": {}, "value": {}}
+    stats = {}
+    for split, data in (("calib", calib), ("eval", evals)):
+      for tk in tasks:
+        seqs, plens = data[tk]
+        sp = common.make_sampling_params(len(seqs), new, 1.0, 0, 1.0, 0, None)
+        p, q, x = chain_dists(model, seqs, plens, d1, g, new, sp)
+        stats[split, tk] = {
+            m: tuple(None if v is None else np.asarray(v) for v in av)
+            for m, av in sibling_accept(p, q, x, jax.random.PRNGKey(1), branch=br, draws=args.draws).items()
+        }
+        print(d1, split, tk, "done", flush=True)
+    for mode in ("sample", "distinct", "topk", "ot bound", "topk of p bound"):
+      a = np.concatenate([stats["calib", tk][mode][0] for tk in tasks], axis=1)  # [O, B, gamma, branch]
+      flat = a.reshape(-1, br).mean(0)
+      per_depth = a.reshape(-1, g, br).mean(0)
+      res["accept"][mode], res["accept_depth"][mode] = flat.tolist(), per_depth.tolist()
+      cand = {
+          "sequoia flat": tuple(flat),
+          "sequoia per-depth": tuple(map(tuple, per_depth)),
+          "sequoia greedy vector": sequoia.default_accept(d1, "greedy", br),
+      }
+      shapes = {k: sequoia.sequoia_shape(sequoia.parse_accept(v, g, br), g, br, n) for k, v in cand.items()}
+      shapes["ACCEPT_GUESS static"] = dt.static_shape(g, br, n)
+      shapes["chain (gamma nodes, rank 0)"] = dt.ordered_shape(list(range(-1, g)), list(range(g + 1)), [0] * (g + 1), g)
+      if "bound" in mode:  # the Sequoia model's value of the best shape under the bound's vector (per depth)
+        acc = sequoia.parse_accept(cand["sequoia per-depth"], g, br)
+        e = sequoia.expected_accepted(sequoia.sequoia_shape(acc, g, br, n), acc)
+        res["value"][mode] = e
+        lines.append(
+            f"| {d1} | {mode} | model E[accepted] {e:.2f} (tau ~ {1 + e:.2f}) | {_vec(flat)} |" + " |" * len(tasks)
+        )
+        continue
+      for name, shape in shapes.items():
+        key = f"{mode} / {name}"
+        res["tau"][key], res["value"][key] = {}, {}
+        for tk in tasks:
+          w = stats["eval", tk][mode][1]
+          res["value"][key][tk] = float(shape_value(shape, w).mean())
+          res["tau"][key][tk] = float(
+              np.mean([tree_bound.simulate(sample_depths(shape, w, rng), new)["tau"] for _ in range(args.reps)])
+          )
+        cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
+        lines.append(f"| {d1} | {mode} | {name} | {_vec(flat)} | {cols} |")
+        print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
+    results[str(d1)] = res
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "shape_t1.json"), "w") as f:
+    json.dump({"args": vars(args), "results": results}, f, indent=1)
+  head = (
+      f"Replayed T = 1 tau of static tree shapes (sampled drafts, SpecInfer's rule; topk: deterministic drafts "
+      f"verified with AR's draws), tiny-raven, gamma {g}, branch {br}, {n} nodes; acceptance measured along AR's "
+      f"T = 1 text (seed {args.seed}) of prompts 8..15, tau on prompts 0..7, {new} new tokens. Per cell: tau "
+      f"(mean of {args.reps} simulations of rounds with depths drawn given the text) and, in brackets, the exact "
+      "expected accepted drafts per round from an offset.\n\n"
+  )
+  with open(os.path.join(args.out, "shape_t1.md"), "w") as f:
+    f.write(head + "\n".join(lines) + "\n")
+  print(head + "\n".join(lines))
+
+
+def sampled_continuation(model, task: str, lo: int, hi: int, new: int, seed: int):
+  prompts = bench.load_prompt_set(task, model, hi, 0, 0)[lo:hi]
+  ar = loopspec_jax.generate(model, prompts, max_new_tokens=new, method="ar", temperature=1.0, seed=seed)
+  return [p + t for p, t in zip(prompts, ar.tokens)], [len(p) for p in prompts]
+
+
 def _vec(x):
   return "/".join(f"{v:.3f}" for v in x)
 
@@ -110,10 +314,16 @@ def main():
   ap.add_argument("--branch", type=int, default=4)
   ap.add_argument("--nodes", type=int, default=32)
   ap.add_argument("--tasks", default="gsm8k,shakespeare")
+  ap.add_argument("--sampled", action="store_true", help="T = 1 calibration of sampled drafts (shape_t1.*)")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--draws", type=int, default=16)
+  ap.add_argument("--reps", type=int, default=20)
   args = ap.parse_args()
   g, br, n = args.gamma, args.branch, args.nodes
   model = loopspec_jax.load("tiny-raven")
   tasks = args.tasks.split(",")
+  if args.sampled:
+    return sampled_main(args, model, tasks)
   calib = {t: continuation(model, t, 8, 16, args.new) for t in tasks}
   evals = {t: continuation(model, t, 0, 8, args.new) for t in tasks}
   results, lines = {}, ["| d1 | shape | accept (per rank) | model E[accepted] | " + " | ".join(tasks) + " |"]

@@ -109,3 +109,21 @@ def test_default_shape_is_unchanged():
   seq = loopspec_jax.TreeSelf(d1=1, gamma=3, branch=2, tree_nodes=6, shape="sequoia")
   dec = seq.make_decoder(cfg, greedy=True, random_init=False)
   assert isinstance(dec.loop_kw["shape"], draft_tree.Shape)
+
+
+def test_default_vector_follows_the_decoding_mode():
+  """shape=sequoia without accept=: greedy decoding takes the greedy vector, sampling the vector measured for
+  its drafts mode (sample / distinct / topk); accept= still overrides both."""
+  cfg = tiny_model("huginn:tiny", 0.05).config
+  env = dict(d1=1, gamma=6, branch=4, tree_nodes=32, shape="sequoia")
+  for greedy, drafts, mode in ((True, "sample", "greedy"), (False, "sample", "sample"), (False, None, "topk")):
+    for d1 in (1, 2, 5):  # deeper than measured: the deepest measured d1's vector
+      dec = loopspec_jax.TreeSelf(**dict(env, d1=d1), drafts=drafts).make_decoder(cfg, greedy=greedy, random_init=False)
+      want = sequoia.parse_accept(sequoia.default_accept(min(d1, 2), mode, 4), 6, 4)
+      assert dec.loop_kw["shape"] == sequoia.sequoia_shape(want, 6, 4, 32)
+      assert dec.stats.keywords["accept"] == want
+  assert sequoia.default_accept(1, "distinct", 2) == sequoia.DEFAULT_ACCEPT[1, "distinct"][:2]
+  seq = loopspec_jax.TreeSelf(**env, drafts="sample", accept="0.6/0.3")
+  assert seq.make_decoder(cfg, greedy=False, random_init=False).stats.keywords["accept"][0] == (0.6, 0.3, 0.0, 0.0)
+  with pytest.raises(ValueError, match="mode"):
+    sequoia.default_accept(1, "beam", 4)

@@ -5,6 +5,8 @@ run's methods (the tree variants beside chain) and one timed repeat.
       --config.out_dir=results/trees_shape/epyc2-2026-12-03
   python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py:t1 \
       --config.out_dir=results/trees_shape/epyc2-2026-12-03-t1
+  python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py:t1b \
+      --config.out_dir=results/trees_shape/epyc2-2026-12-04-t1b
 """
 
 import importlib.util
@@ -29,14 +31,20 @@ for _extra in (",drafts=sample,shape=sequoia", ",drafts=distinct,shape=sequoia")
   T1_METHODS += [f"tree:d1=1,{E}{_extra}", f"tree:d1=2,{E}{_extra}"]
 
 
+# the T = 1 re-run with the sampled acceptance vectors (preset "t1b", results/trees_shape/epyc2-2026-12-04-t1b):
+# the t1 rows (their default Sequoia vector is now the sampled one of their drafts mode) and the top-k drafts
+# on the Sequoia shape of the sampled top-k vector
+T1B_METHODS = T1_METHODS + [f"tree:d1=1,{E},shape=sequoia", f"tree:d1=2,{E},shape=sequoia"]
+
+
 def get_config(arg=None):
   c = trees.get_config(None)
   c.methods = list(METHODS)
   c.repeats = 1
   c.out_dir = "results/trees_shape/bench"
-  if arg == "t1":
-    c.methods = list(T1_METHODS)
+  if arg in ("t1", "t1b"):
+    c.methods = list(T1_METHODS if arg == "t1" else T1B_METHODS)
     c.samplings = ["T1"]
   elif arg:
-    raise ValueError(f"unknown preset {arg!r}; known: t1")
+    raise ValueError(f"unknown preset {arg!r}; known: t1, t1b")
   return c

@@ -323,8 +323,11 @@ def static_shape_of(gamma, branch, tree_nodes, drafts: str, shape: str, accept) 
   return dt.static_shape(gamma, branch, tree_nodes) if drafts != "topk" else None
 
 
-def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None, shape=None, accept=None) -> dict:
-  """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling)."""
+def resolve(
+    cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None, shape=None, accept=None, greedy: bool = True
+) -> dict:
+  """The envelope with defaults filled in, or a ValueError naming the bad argument (before compiling). The
+  default Sequoia vector is the one measured for the decoding mode (greedy, or the sampled drafts mode)."""
   env = {
       k: DEFAULTS[k] if v is None else v
       for k, v in dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes).items()
@@ -361,14 +364,15 @@ def resolve(cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts=None, shape=
   env["accept"] = None
   if env["shape"] == "sequoia":
     if accept is None:
-      accept = sequoia.DEFAULT_ACCEPT[min(env["d1"], max(sequoia.DEFAULT_ACCEPT))][: env["branch"]]
+      mode = "greedy" if greedy else env["drafts"]
+      accept = sequoia.default_accept(env["d1"], mode, env["branch"])
     env["accept"] = sequoia.parse_accept(accept, env["gamma"], env["branch"])
     sequoia.sequoia_shape(env["accept"], env["gamma"], env["branch"], env["tree_nodes"])
   return env
 
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelope) -> common.Decoder:
-  env = resolve(cfg, **envelope)
+  env = resolve(cfg, **envelope, greedy=greedy)
   drafts = "topk" if greedy else env.pop("drafts")
   env.pop("drafts", None)
   shape, accept = env.pop("shape"), env.pop("accept")
@@ -397,7 +401,8 @@ class TreeSelf(Method):
   with / without replacement, verified by the matching multi-step rule (exact in distribution, not
   token-identical to AR); default "topk". shape="sequoia": a static shape instead of the EAGLE-2 tree,
   Sequoia's optimum for the acceptance vector `accept` (per rank, '0.9/0.05/0.02/0.01' in spec strings, or
-  per-depth rows; default the vector measured on tiny-raven, `sequoia.DEFAULT_ACCEPT`), its nodes the
+  per-depth rows; default the vector measured on tiny-raven for the decoding mode (greedy, or the sampled
+  drafts mode), `sequoia.DEFAULT_ACCEPT`), its nodes the
   top-rank tokens of the readout (greedy / drafts="topk") or the sampled children (drafts="sample" /
   "distinct")."""
 

@@ -12,8 +12,10 @@ still optimised). The shape is static (tuples, fixed at trace time), so it serve
 (`draft_tree.expand(sample=False)`, verified with AR's own draws: token-identical to AR) and sampled drafts
 (children drawn i.i.d. / without replacement, SpecInfer's rule: exact whatever the shape).
 
-`DEFAULT_ACCEPT` holds the vectors measured on tiny-raven (greedy, pooled over GSM8K and Shakespeare
-calibration prompts 8..15, never the benchmark's first 8; `experiments/tree_shape.py`), per d1.
+`DEFAULT_ACCEPT` holds the vectors measured on tiny-raven (pooled over GSM8K and Shakespeare calibration
+prompts 8..15, never the benchmark's first 8; `experiments/tree_shape.py`), per d1 and decoding mode: greedy,
+and under sampling per drafts mode (sampled children are accepted by SpecInfer's rule, whose later siblings
+face the residual norm(max(p - q, 0)): a far steeper vector than greedy's second ranks).
 """
 
 from __future__ import annotations
@@ -24,13 +26,34 @@ import numpy as np
 
 from loopspec_jax.decoding.tree import draft_tree as dt
 
-# measured by `python -P -m loopspec_jax.experiments.tree_shape` (results/trees_shape/epyc2-2026-12-03/shape.md):
-# P(the accepted token is the rank-k top-4 token of the d1 readout | its parent accepted), pooled over depths
-# and over GSM8K and Shakespeare prompts 8..15 (720 depth-1 trials per task and d1), rounded to 3 decimals.
+# greedy, measured by `python -P -m loopspec_jax.experiments.tree_shape` (results/trees_shape/epyc2-2026-12-03/
+# shape.md): P(AR's greedy token is the rank-k top-4 token of the d1 readout | its parent accepted), pooled over
+# depths and over GSM8K and Shakespeare prompts 8..15 (720 depth-1 trials per task and d1), 3 decimals.
+# Sampled (T = 1), measured by `tree_shape --sampled` (results/trees_shape/epyc2-2026-12-04-t1cal/shape_t1.md)
+# along AR's T = 1 text of the same prompts: P(sibling k is the accepted child | its parent accepted), exact
+# under SpecInfer's rule from the target's p and the readout's q at every node of AR's path ("sample": i.i.d.
+# children; "distinct": without replacement, Monte Carlo over the rejected tokens; "topk": deterministic top-k
+# drafts verified with AR's draws, E[p(rank-k token of q)]), pooled over depths, prompts and tasks.
 DEFAULT_ACCEPT = {
-    1: (0.889, 0.087, 0.021, 0.002),
-    2: (0.984, 0.015, 0.001, 0.0),
+    (1, "greedy"): (0.889, 0.087, 0.021, 0.002),
+    (2, "greedy"): (0.984, 0.015, 0.001, 0.0),
+    (1, "sample"): (0.894, 0.039, 0.018, 0.010),
+    (2, "sample"): (0.968, 0.013, 0.005, 0.003),
+    (1, "distinct"): (0.894, 0.042, 0.018, 0.010),
+    (2, "distinct"): (0.968, 0.014, 0.006, 0.003),
+    (1, "topk"): (0.228, 0.073, 0.046, 0.035),
+    (2, "topk"): (0.233, 0.074, 0.046, 0.035),
 }
+MODES = ("greedy", "sample", "distinct", "topk")  # greedy decoding / the sampled drafts modes
+
+
+def default_accept(d1: int, mode: str, branch: int) -> tuple:
+  """The measured vector for a draft depth d1 (the deepest measured when d1 is deeper) and a decoding mode
+  ("greedy", or the sampled drafts mode: "sample", "distinct", "topk"), its first `branch` ranks."""
+  if mode not in MODES:
+    raise ValueError(f"no default acceptance vector for mode {mode!r}; known: {MODES}")
+  d1 = min(d1, max(d for d, m in DEFAULT_ACCEPT if m == mode))
+  return DEFAULT_ACCEPT[d1, mode][:branch]
 
 
 def parse_accept(accept, gamma: int, branch: int) -> tuple:
