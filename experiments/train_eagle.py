@@ -112,6 +112,9 @@ def train_one(model, feature: str, train_bank, held_bank, args) -> dict:
   return figures
 
 
+# the bundled name of each feature's head: the better one (fused, docs/heads-benchmark.md) is tiny-raven-eagle
+BUNDLED_NAMES = {"fused": "tiny-raven-eagle", "final": "tiny-raven-eagle-final"}
+
 CARD = """# {name}
 
 An EAGLE draft head (loopspec_jax/heads/eagle.py) for the bundled `tiny-raven` target, used by
@@ -138,7 +141,7 @@ the held-out Shakespeare tail (`eval_windows`, never trained on by the target or
 Fraction of held-out positions where the head's argmax at draft level k (teacher-forced corpus tokens, its own
 fed-back features from level 2 on) equals the target's argmax at that position.
 
-| level | {feature} (bundled) | {other} |
+| level | {feature} (this head) | {other} |
 |---|---|---|
 {rows}
 
@@ -208,7 +211,7 @@ def main(argv=None):
   ap.add_argument("--data_seed", type=int, default=27)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--bundle", default=None, help="feature to bundle from --out (after training)")
-  ap.add_argument("--dest", default=os.path.join(artefact.ASSETS, "tiny-raven-eagle"))
+  ap.add_argument("--dest", default=None, help="default: the bundled name of --bundle's feature (BUNDLED_NAMES)")
   ap.add_argument("--command", default="")
   args = ap.parse_args(argv)
   model = lj.load("tiny-raven")
@@ -216,7 +219,8 @@ def main(argv=None):
     other = [f for f in E.FEATURES if f != args.bundle][0]
     with open(os.path.join(args.out, other, "train.json")) as f:
       other_fig = json.load(f)
-    bundle(model, os.path.join(args.out, args.bundle), other_fig, args.dest, 2, args.command)
+    dest = args.dest or os.path.join(artefact.ASSETS, BUNDLED_NAMES[args.bundle])
+    bundle(model, os.path.join(args.out, args.bundle), other_fig, dest, 2, args.command)
     return
   corpus = D.load_corpus()
   t0 = time.time()

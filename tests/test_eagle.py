@@ -113,7 +113,7 @@ def _bundled(name: str = "tiny-raven-eagle"):
 
 
 @pytest.mark.slow  # about 3 minutes on the loaded 2-core host (a 32-step forward of two windows, eager head)
-@pytest.mark.parametrize("name", ["tiny-raven-eagle", "tiny-raven-eagle-fused"])
+@pytest.mark.parametrize("name", ["tiny-raven-eagle", "tiny-raven-eagle-final"])
 def test_bundled_card_accuracy_is_reproduced_on_heldout_windows(name):
   """The card's per-level held-out top-1 accuracy on its first few held-out windows (eval.json "check")."""
   from loopspec_jax.train import data as D

@@ -75,6 +75,24 @@ def test_head_entry_points_are_declared_and_their_states_covered():
     assert extra and all(tuple(a)[0] == "batch" for a in extra), (kind, extra)
 
 
+@pytest.mark.slow  # 76 s wall (25 s CPU) at load 13 on the 2-core host: five decoder compiles
+def test_head_methods_on_a_target_with_padded_heads_equal_ar():
+  """A target laid out for a model axis its heads do not divide (3 heads padded to 4, as on a (2, 4) mesh, here
+  on one device): the heads keep the trained layout (their parameters are replicated, never padded), so EAGLE's
+  head block and cache and MTP's block trace with the unpadded config and decode AR's tokens. They used to
+  fail at compile (EAGLE: a reshape of 3 heads into 4; MTP: refused, its block shapes against the padded
+  ones); checked on the (2, 4) mesh of 8 simulated devices by hand (`sharding.shard_params` placement)."""
+  cfg = model_config("huginn:tiny", num_heads=3, num_kv_heads=3)
+  model = api.LoopedModel(cfg, helpers.numpy_params(cfg, CONTRACTION, seed=0))
+  to = sharding.padded_config(cfg, {"data": 2, "model": 4})
+  assert to.num_heads == 4 and to.head_padding == 1
+  padded = api.LoopedModel(to, sharding.pad_params(model.params, cfg, to))
+  want = api.generate(model, PROMPTS[:2], max_new_tokens=4, method="ar").tokens
+  for kind in ("eagle", "mtp"):
+    got = api.generate(padded, PROMPTS[:2], max_new_tokens=4, **H.spec_kwargs(kind, model))
+    assert got.tokens == want, kind
+
+
 # ---------------------------------------------------------------------------------------------------
 # Worker (a subprocess with 8 CPU devices)
 # ---------------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""tiny-raven-eagle: an EAGLE head on the frozen bundled tiny-raven (`loopspec_jax/heads/eagle.py`), trained
-resumably by `loopspec-train` (loopspec_jax/heads/eagle_train.py: the target's features per step, batch k of
-the target's corpus, checkpoints in `workdir`).
+"""tiny-raven-eagle (fused feature) / tiny-raven-eagle-final: an EAGLE head on the frozen bundled tiny-raven
+(`loopspec_jax/heads/eagle.py`), trained resumably by `loopspec-train` (loopspec_jax/heads/eagle_train.py:
+the target's features per step, batch k of the target's corpus, checkpoints in `workdir`).
 
-  loopspec-train --config=train/tiny_raven_eagle.py          # the post-coda final feature
-  loopspec-train --config=train/tiny_raven_eagle.py:fused    # the fusion of the states at depths 2, 16, 32
+  loopspec-train --config=train/tiny_raven_eagle.py          # the fusion of the states at depths 2, 16, 32
+  loopspec-train --config=train/tiny_raven_eagle.py:final    # the post-coda final feature
+
+The bundled tiny-raven-eagle is the fused head (it meets the EAGLE target on both tasks of
+docs/heads-benchmark.md); the final-feature head is bundled as tiny-raven-eagle-final.
 
 The bundled head was trained by experiments/train_eagle.py (a recorded feature bank, its MODEL_CARD.md says
 how); `export_dir` is unset here so a run does not overwrite it: `--config.export_dir=<dir>` exports.
@@ -16,10 +19,10 @@ def get_config(arg=None):
   if arg not in (None, "", "final", "fused"):
     raise ValueError(f"unknown preset {arg!r} (final, fused; override fields with --config.<field>=<value>)")
   c = base_config()
-  c.name = "tiny-raven-eagle"
+  c.feature = arg or "fused"
+  c.name = "tiny-raven-eagle" if c.feature == "fused" else "tiny-raven-eagle-final"
   c.heads_kind = "eagle"  # loopspec-train trains a head on a frozen target instead of a model
   c.target = "tiny-raven"
-  c.feature = arg or "final"
   c.depths = ()  # fused: () = the default (2, R/2, R)
   c.noise = 0.2
   c.unroll = 2
@@ -36,6 +39,6 @@ def get_config(arg=None):
   c.log_every = 25
   c.save_every = 25
   c.card_eval_windows = 16
-  c.workdir = f"/tmp/loopspec_train/tiny-raven-eagle-{c.feature}"
+  c.workdir = f"/tmp/loopspec_train/{c.name}"
   c.export_dir = None
   return c

@@ -30,6 +30,7 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.heads import artefact
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import heads as layout
 
 KIND = "eagle"
 FEATURES = ("final", "fused")
@@ -141,10 +142,12 @@ def first_feature(hp, config: dict, raw):
 
 def step(hp, tparams, tokens, feature, pos, self_mask, ctx, cfg: ModelConfig):
   """One head application: h = Block(fc([embed(tokens); feature])). tokens [B, S], feature [B, S, E].
-  Returns (h [B, S, E], k, v [B, S, KV, D] the head's cache entries at `pos`)."""
+  Returns (h [B, S, E], k, v [B, S, KV, D] the head's cache entries at `pos`). The head's block keeps the
+  target's trained head layout (`layout.base_config`) when the target is laid out for a mesh (padded / repeated
+  attention heads): the head's parameters are replicated, never padded."""
   x = jnp.concatenate([M.embed(tparams, tokens, cfg), feature.astype(jnp.float32)], axis=-1)
   x = x @ hp["fc"] + hp["fc_b"]
-  h, (k, v) = layers.block(hp["layer"], x, pos, self_mask, ctx, cfg)
+  h, (k, v) = layers.block(hp["layer"], x, pos, self_mask, ctx, layout.base_config(cfg))
   return h, k, v
 
 

@@ -34,6 +34,7 @@ from loopspec_jax.config import ModelConfig, from_config_dict
 from loopspec_jax.heads import artefact
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import heads as layout
 
 KIND = "mtp"
 FIRST_WINDOWS = 4  # eval.json also holds the figures of the first few held-out windows (tests reproduce them)
@@ -89,7 +90,7 @@ def hidden(mp, target_params, feature, next_tokens, cfg: ModelConfig):
   s = x.shape[1]
   own = jnp.broadcast_to(jnp.eye(s, dtype=bool), (x.shape[0], s, s))
   pos = jnp.zeros(x.shape[:2], jnp.int32)  # a diagonal mask: RoPE cancels, any position will do
-  return layers.block(mp["block"], x, pos, own, [], cfg)[0]
+  return layers.block(mp["block"], x, pos, own, [], layout.base_config(cfg))[0]  # unpadded: see eagle.step
 
 
 def readout(mp, target_params, h, cfg: ModelConfig):

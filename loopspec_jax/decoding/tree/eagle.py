@@ -41,6 +41,7 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 6, "branch": 4, "tree_nodes": 32}
@@ -187,7 +188,8 @@ def decode_loop(
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, width: int):
   del sp
   b, t = tokens.shape
-  zk = jnp.zeros((b, cfg.num_kv_heads, t, cfg.head_dim), jnp.float32)
+  kv_heads = layout.base_config(cfg).num_kv_heads  # the head's own layout, unpadded (heads/eagle.py step)
+  zk = jnp.zeros((b, kv_heads, t, cfg.head_dim), jnp.float32)
   zh = jnp.zeros((b, gamma + 1), jnp.int32)
   extra = HeadState(zk, zk, jnp.zeros((b, gamma + 1, width), jnp.float32), lengths - 2, zh)
   return tv.fresh_state(cache, tokens, lengths, extra)

@@ -34,6 +34,7 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 1, "branch": 1}
@@ -158,7 +159,8 @@ def resolve(cfg: ModelConfig, gamma, branch) -> dict:
 
 def check_shapes(heads, model) -> None:
   """ValueError unless the MTP head's parameter shapes fit the target's blocks."""
-  want = jax.tree_util.tree_map(lambda x: tuple(x.shape), head.init_params_abstract(model.config))
+  base = layout.base_config(model.config)  # a target laid out for a mesh: the head keeps the trained layout
+  want = jax.tree_util.tree_map(lambda x: tuple(x.shape), head.init_params_abstract(base))
   got = jax.tree_util.tree_map(lambda x: tuple(x.shape), heads.params)
   if want != got:
     raise ValueError(f"the MTP head's parameter shapes do not fit the target's blocks: {got} vs {want}")
