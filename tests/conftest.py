@@ -1,2 +1,38 @@
 """pytest configuration. Shared test helpers live in tests/helpers.py (`import helpers`); the package itself is
-pip-installed (`pip install -e .`), so nothing here touches sys.path."""
+pip-installed (`pip install -e .`), so nothing here touches sys.path.
+
+One persistent jax compilation cache per test run: the first process that compiles a program (an xdist worker,
+or a test that builds fresh jits of programs another test already compiled) writes the executable to a fresh
+temporary folder, and every later identical compile in the run, in either worker, loads it instead of running
+XLA again. Tracing is unchanged, so `_cache_size()` and `chex.assert_max_traces` count exactly as before; the
+folder is removed at the end of the run. Subprocesses the tests start (the 8-device mesh workers, which count
+backend compiles) do not use it. `LOOPSPEC_TEST_JAX_CACHE=off` turns it off; a folder name there keeps the
+cache in that folder (not removed).
+"""
+
+import os
+import shutil
+import tempfile
+
+_ENV = "LOOPSPEC_TEST_JAX_CACHE"
+
+
+def pytest_configure(config):
+  if _ENV not in os.environ:  # the xdist controller (or a serial run): the workers inherit the folder
+    os.environ[_ENV] = tempfile.mkdtemp(prefix="loopspec-test-jax-cache-")
+    config._loopspec_jax_cache = os.environ[_ENV]
+  folder = os.environ[_ENV]
+  if folder.lower() in ("", "0", "off"):
+    return
+  import jax
+
+  jax.config.update("jax_compilation_cache_dir", folder)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+  folder = getattr(config, "_loopspec_jax_cache", None)
+  if folder:
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(_ENV, None)

@@ -34,6 +34,8 @@ The names below are stable; other test files import them:
                                the purposes requested while ONE decode loop of a method is traced
   record_sharded_calls()       records every sharded program run in this process and counts its traces and
                                compiles (8-device workers of test_sharding, test_head_padding, ...)
+  write_worker_report(report, rec, c0, out_path, programs)   a mesh worker's tail: its program counts,
+                               CPU seconds since c0, the report as JSON (test_{heads,tree,baselines}_mesh)
 
 Every decoder draws its randomness through `sampling.request_key(base_key, request, position, purpose)`;
 `traced_key_purposes` relies only on that contract and on `decoding.common.Decoder` (the decoder's `init` and
@@ -53,6 +55,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from unittest import mock
 
@@ -509,6 +512,17 @@ def mesh_reports(test_file: str, workers: dict, xla_flags: str, timeout_s: float
   for name, rep in by_name.items():
     print(name, "cpu_s:", rep["cpu_s"], "timings:", rep["timings"])
   return {workers[name]: rep for name, rep in by_name.items()}
+
+
+def write_worker_report(report: dict, rec: dict, c0: float, out_path: str, programs: bool = True) -> None:
+  """The tail of a mesh worker: `report["programs"]` = [traces, compiles, configurations] of `rec` (a
+  `record_sharded_calls()` record; only if `programs`), `report["cpu_s"]` = CPU seconds since `c0`
+  (`time.process_time()`), then the report written to `out_path` as JSON."""
+  if programs:
+    report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
+  report["cpu_s"] = round(time.process_time() - c0, 1)
+  with open(out_path, "w") as f:
+    json.dump(report, f)
 
 
 def worker_main(worker) -> None:

@@ -21,7 +21,6 @@ lookup runs through chain's sharded entry kinds, which the default suite covers;
 """
 
 import dataclasses
-import json
 import time
 
 import jax
@@ -103,11 +102,8 @@ def _worker(name: str, out_path: str):
     report["retraces"] = rec["traces"] - traces  # of any sharded program (prefill, draft init and loop)
   if shape is not None:
     loops = [c["kwargs"] for c in rec["calls"] if c["name"] == DRAFT_LOOP]
-    report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
     report["loop_heads"] = sorted({(kw["cfg"].num_heads, kw["dcfg"].num_heads) for kw in loops})
-  report["cpu_s"] = round(time.process_time() - c0, 1)
-  with open(out_path, "w") as f:
-    json.dump(report, f)
+  helpers.write_worker_report(report, rec, c0, out_path, programs=shape is not None)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ The default suite checks the declarations on abstract states (no devices needed)
 with `-m slow` (subprocesses: XLA_FLAGS must be set before jax starts, as in tests/test_tree_mesh.py).
 """
 
-import json
 import time
 
 import jax
@@ -123,10 +122,7 @@ def _worker(name: str, out_path: str):
       last = [c for c in rec["calls"] if c["name"] == f"loopspec_jax.decoding.tree.{kind}.decode_loop"][-1]
       first_leaf = jax.tree_util.tree_leaves(last["out"].extra)[0]
       report["extra"][kind] = helpers.sharding_spec(first_leaf)
-    report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
-  report["cpu_s"] = round(time.process_time() - c0, 1)
-  with open(out_path, "w") as f:
-    json.dump(report, f)
+  helpers.write_worker_report(report, rec, c0, out_path, programs=shape is not None)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ workers run with `-m slow` (subprocesses: XLA_FLAGS must be set before jax start
 tests/test_baselines_mesh.py).
 """
 
-import json
 import time
 
 import jax
@@ -104,10 +103,7 @@ def _worker(name: str, out_path: str):
     report["pool"] = helpers.sharding_spec(st.extra.pool)
     report["window"] = helpers.sharding_spec(st.extra.window)
     report["cache"] = helpers.sharding_spec(st.cache.core[0][0])
-    report["programs"] = [rec["traces"], rec["compiles"], len({c["config"] for c in rec["calls"]})]
-  report["cpu_s"] = round(time.process_time() - c0, 1)
-  with open(out_path, "w") as f:
-    json.dump(report, f)
+  helpers.write_worker_report(report, rec, c0, out_path, programs=shape is not None)
 
 
 @pytest.fixture(scope="module")
