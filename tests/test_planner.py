@@ -1,5 +1,7 @@
 """method="auto": the planner picks a registered exact method, says why, and decodes exactly."""
 
+import types
+
 import pytest
 
 import helpers
@@ -85,7 +87,7 @@ def test_measured_shortlist_has_every_family():
   short = planner.measured_shortlist(ranked, draft_model=helpers.tiny_model("huginn:tiny"))
   names = [m.name for m in short]
   assert names[0] == "ar" and names.count("ar") == 1 and {"lookup", "draft"} <= set(names)
-  assert sorted(m.d1 for m in short if m.name == "chain") == [1, 2]
+  assert sorted(m.d1 for m in short if m.name == "chain") == [1, 1, 2, 2]  # two gammas per d1
   assert sorted(m.d2 is None for m in short if m.name == "loopspec") == [False, True]
 
 
@@ -139,3 +141,68 @@ def test_demo_prints_the_auto_row():
   auto = {"tokens_per_second": 150.0, "decode_seconds": 0.5, "plans": [{"choice": "chain:d1=2,gamma=8"}] * 2}
   line = demo.auto_line(ar, [], auto)
   assert line.startswith("auto:") and "2.00x AR" in line and "picked chain:d1=2,gamma=8 " in line
+
+
+class FakeHost:
+  """A fake `run` for `planner.measure`: method -> (true seconds / iteration, tokens / iteration), a load factor
+  per round that slows every run of that round alike, and `lucky` (method, round): that run met a quiet moment
+  (5x faster). Records the order of the calls."""
+
+  def __init__(self, truth, load, lucky=None):
+    self.truth, self.load, self.lucky, self.calls = truth, load, lucky, []
+
+  def __call__(self, method, budget):
+    n = len(self.calls) // len(self.truth) - 1  # the first pass over the shortlist compiles (untimed)
+    self.calls.append(method)
+    sec, tok = self.truth[method]
+    sec *= self.load[max(n, 0)] * (0.2 if (method, n) == self.lucky else 1.0)
+    iters = max(int(budget / tok), 1)
+    totals = {"iterations": iters, "decode_seconds": sec * iters}
+    return types.SimpleNamespace(counts=types.SimpleNamespace(totals=totals, tokens=tok * iters, requests=1))
+
+
+AR, FAST, LUCKY = lj.AR(), lj.Chain(d1=2, gamma=8), lj.LoopSpec(d1=4)
+TRUTH = {AR: (0.010, 1.0), FAST: (0.030, 3.6), LUCKY: (0.008, 0.72)}  # 1.2x and 0.9x AR
+
+
+def test_measure_compares_within_a_round_and_keeps_the_median():
+  """Load drifting 5x between rounds cancels (each ratio is taken within its round); one quiet moment of the
+  slow candidate (its probe 5x too fast, results/bench_auto/vm-2026-12-03) does not win: the median does."""
+  host = FakeHost(TRUTH, load=[1.0, 3.0, 1.5, 5.0, 2.0], lucky=(LUCKY, 1))
+  got = planner.measure(host, [AR, FAST, LUCKY], budget=16, rounds=5)
+  assert got[AR][2] == pytest.approx(1.0)
+  assert got[FAST][2] == pytest.approx(1.2) and got[LUCKY][2] == pytest.approx(0.9)
+  assert got[FAST][0] == pytest.approx(3.6)
+  # order: one compile pass, then each round rotated by one
+  rounds = [host.calls[3 * (r + 1) : 3 * (r + 2)] for r in range(5)]
+  assert rounds[0] == [AR, FAST, LUCKY] and rounds[1] == [FAST, LUCKY, AR] and rounds[2] == [LUCKY, AR, FAST]
+  with pytest.raises(ValueError, match="must be AR"):
+    planner.measure(host, [FAST, AR], budget=16)
+
+
+def test_plan_picks_the_median_winner_and_says_why(monkeypatch):
+  monkeypatch.setattr(planner, "hardware_for", lambda cfg, ws: HW)
+  monkeypatch.setattr(planner, "measured_shortlist", lambda ranked, draft=None: [AR, FAST, LUCKY])
+  model = types.SimpleNamespace(config=helpers.tiny_config("huginn:tiny"))
+  host = FakeHost(TRUTH, load=[2.0, 1.0, 4.0, 1.0, 3.0], lucky=(LUCKY, 2))
+  auto = planner.Auto(probe_tokens=0, measure=16, rounds=5)
+  method, plan = planner.make_plan(model, [[1] * 8], 32, True, auto, run=host)
+  assert method == FAST and plan["choice"] == FAST.spec
+  assert "1.20x AR measured" in plan["reason"] and "5 interleaved rounds" in plan["basis"]
+  assert [r["method"] for r in plan["top"]] == [FAST.spec, AR.spec, LUCKY.spec]
+  assert plan["top"][0]["x_ar"] == pytest.approx(1.2) and plan["top"][0]["predicted_iteration_ms"] > 0
+  # a candidate within AR_MARGIN of AR loses to AR
+  slow = {AR: (0.010, 1.0), FAST: (0.030, 3.09), LUCKY: (0.008, 0.72)}
+  method, plan = planner.make_plan(model, [[1] * 8], 32, True, auto, run=FakeHost(slow, load=[1.0] * 5))
+  assert method == AR and plan["choice"] == AR.spec
+
+
+def test_shortlist_keeps_two_gammas_per_chain_depth():
+  cfg = helpers.tiny_config("huginn:tiny")
+  ranked = planner.rank(cfg, HW, 1, 64, planner.ENVELOPE)
+  short = planner.measured_shortlist(ranked)
+  for d1 in (1, 2):
+    best = [c.method for c in ranked if c.method.name == "chain" and c.method.d1 == d1][:2]
+    assert [m for m in short if m.name == "chain" and m.d1 == d1] == best
+  one = planner.measured_shortlist(ranked, per_family={"chain": 1, "loopspec": 1})
+  assert len([m for m in one if m.name == "chain"]) == 2

@@ -1,6 +1,7 @@
 """Settings of `experiments/bench_auto.py`: method="auto" beside every fixed candidate, wall clock, one run.
 
 python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py          # the issue-28 table
+python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py:epyc2    # reduced: 1 prompt, 32 tokens
 python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py:quick    # one model, greedy, 16 tokens
 """
 
@@ -65,6 +66,10 @@ def get_config(preset: str = ""):
   }
   c.prompt_len = 32
   c.out_dir = "results/bench_auto/vm-2026-12-03"
+  if preset == "epyc2":  # the reduced run of 2026-12-04 (a shared 2-vCPU host): 1 prompt, 32 tokens, 3 rounds
+    c.max_new_tokens = 32
+    c.runs = {k: (task, 1, 3, specs) for k, (task, _, _, specs) in c.runs.items()}
+    c.out_dir = "results/bench_auto/epyc2-2026-12-04"
   if preset == "quick":
     c.models = "tiny-raven"
     c.samplings = "greedy"
