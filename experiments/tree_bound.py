@@ -43,27 +43,35 @@ from loopspec_jax.models import looped as M
 QUOTAS = {"even": None, "front": (4, 8, 7, 6, 4, 3), "back": (4, 4, 5, 6, 6, 7), "mid": (4, 7, 7, 6, 5, 3)}
 
 
-def pools(model, seqs, plens, d1: int, gamma: int, branch: int, new: int) -> dict:
-  """The drafted pool at every offset 0..new-1 of every request: arrays [O, B, P] (tokens, score, parent,
-  depth) and truth [O, B, P] (AR's token at each node's position)."""
+def prefilled_text(model, seqs, d1: int, gamma: int, sp):
+  """AR's texts `seqs` padded into tokens [B, T] (T = longest + gamma + 2, room for a tree past any offset),
+  their prefilled cache at readout depths (d1, R) and its layout: what every replay here drafts from."""
   cfg = model.config
   b, t = len(seqs), max(len(s) for s in seqs) + gamma + 2
   tokens = np.zeros((b, t), np.int32)
   for i, s in enumerate(seqs):
     tokens[i, : len(s)] = s
-  lengths = jnp.asarray([len(s) for s in seqs], jnp.int32)
-  sp = common.make_sampling_params(b, new, 0.0, 0, 1.0, 0, None)
   cache, _ = common.prefill_state(
       model.params,
       jnp.asarray(tokens),
-      lengths,
+      jnp.asarray([len(s) for s in seqs], jnp.int32),
       sp,
       cfg=cfg,
       readout_depths=(d1, cfg.recurrence),
       total_len=t,
       random_init=False,
   )
-  layout = kvcache.CacheLayout.of(cfg, 2)
+  return tokens, cache, kvcache.CacheLayout.of(cfg, 2)
+
+
+def pools(model, seqs, plens, d1: int, gamma: int, branch: int, new: int) -> dict:
+  """The drafted pool at every offset 0..new-1 of every request: arrays [O, B, P] (tokens, score, parent,
+  depth) and truth [O, B, P] (AR's token at each node's position)."""
+  cfg = model.config
+  b = len(seqs)
+  sp = common.make_sampling_params(b, new, 0.0, 0, 1.0, 0, None)
+  tokens, cache, layout = prefilled_text(model, seqs, d1, gamma, sp)
+  t = tokens.shape[1]
   env = dict(cfg=cfg, d1=d1, gamma=gamma, branch=branch, tree_nodes=1, random_init=False)
 
   @jax.jit

@@ -32,7 +32,6 @@ from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.experiments import bench
 from loopspec_jax.experiments import tree_bound
-from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 
 
@@ -57,22 +56,10 @@ def shape_depths(model, seqs, plens, d1: int, shape, branch: int, new: int) -> n
   """Accepted depth [O, B] of the static shape drafted (top-k) at every offset of AR's continuation."""
   cfg = model.config
   gamma = max(shape.depth)
-  b, t = len(seqs), max(len(s) for s in seqs) + gamma + 2
-  tokens = np.zeros((b, t), np.int32)
-  for i, s in enumerate(seqs):
-    tokens[i, : len(s)] = s
+  b = len(seqs)
   sp = common.make_sampling_params(b, new, 0.0, 0, 1.0, 0, None)
-  cache, _ = common.prefill_state(
-      model.params,
-      jnp.asarray(tokens),
-      jnp.asarray([len(s) for s in seqs], jnp.int32),
-      sp,
-      cfg=cfg,
-      readout_depths=(d1, cfg.recurrence),
-      total_len=t,
-      random_init=False,
-  )
-  layout = kvcache.CacheLayout.of(cfg, 2)
+  tokens, cache, layout = tree_bound.prefilled_text(model, seqs, d1, gamma, sp)
+  t = tokens.shape[1]
 
   @jax.jit
   def draft(params, cache, toks, p0):
@@ -108,21 +95,8 @@ def chain_dists(model, seqs, plens, d1: int, gamma: int, new: int, sp):
   verifier's own p), the drafter's q there (the depth-d1 readout with AR's tokens as in-flight ancestors,
   exactly what the decoder drafts from when that path was accepted) and AR's token x at depth l + 1."""
   cfg = model.config
-  b, t = len(seqs), max(len(s) for s in seqs) + gamma + 2
-  tokens = np.zeros((b, t), np.int32)
-  for i, s in enumerate(seqs):
-    tokens[i, : len(s)] = s
-  cache, _ = common.prefill_state(
-      model.params,
-      jnp.asarray(tokens),
-      jnp.asarray([len(s) for s in seqs], jnp.int32),
-      sp,
-      cfg=cfg,
-      readout_depths=(d1, cfg.recurrence),
-      total_len=t,
-      random_init=False,
-  )
-  layout = kvcache.CacheLayout.of(cfg, 2)
+  b = len(seqs)
+  tokens, cache, layout = tree_bound.prefilled_text(model, seqs, d1, gamma, sp)
   tri = np.tril(np.ones((gamma + 1, gamma + 1), bool))
 
   @jax.jit
