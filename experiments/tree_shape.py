@@ -254,9 +254,6 @@ def sampled_main(args, model, tasks):
         lines.append(f"| {d1} | {mode} | {name} | {_vec(flat)} | {cols} |")
         print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
     results[str(d1)] = res
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "shape_t1.json"), "w") as f:
-    json.dump({"args": vars(args), "results": results}, f, indent=1)
   head = (
       f"Replayed T = 1 tau of static tree shapes (sampled drafts, SpecInfer's rule; topk: deterministic drafts "
       f"verified with AR's draws), tiny-raven, gamma {g}, branch {br}, {n} nodes; acceptance measured along AR's "
@@ -264,9 +261,17 @@ def sampled_main(args, model, tasks):
       f"(mean of {args.reps} simulations of rounds with depths drawn given the text) and, in brackets, the exact "
       "expected accepted drafts per round from an offset.\n\n"
   )
-  with open(os.path.join(args.out, "shape_t1.md"), "w") as f:
-    f.write(head + "\n".join(lines) + "\n")
-  print(head + "\n".join(lines))
+  write_results(args, "shape_t1", results, head + "\n".join(lines))
+
+
+def write_results(args, stem: str, results: dict, text: str) -> None:
+  """args.out/<stem>.json (the arguments and results) and <stem>.md (the table text), which is also printed."""
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
+    json.dump({"args": vars(args), "results": results}, f, indent=1)
+  with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
+    f.write(text + "\n")
+  print(text)
 
 
 def sampled_continuation(model, task: str, lo: int, hi: int, new: int, seed: int):
@@ -334,18 +339,13 @@ def main():
       lines.append(f"| {d1} | {name} | {shown} | {e:.2f} | {cols} |")
       print(d1, name, res["tau"][name], shape.depth, shape.rank, flush=True)
     results[str(d1)] = res
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "shape.json"), "w") as f:
-    json.dump({"args": vars(args), "results": results}, f, indent=1)
   head = (
       f"Replayed greedy tau (tokens per verify pass) of static tree shapes, tiny-raven, gamma {g}, branch {br}, "
       f"{n} nodes; acceptance measured on prompts 8..15 of each task, tau on prompts 0..7, {args.new} new tokens. "
       "'model E[accepted]' is the Sequoia model's expected accepted drafts under the pooled vector "
       "(per-depth row: its own).\n\n"
   )
-  with open(os.path.join(args.out, "shape.md"), "w") as f:
-    f.write(head + "\n".join(lines) + "\n")
-  print(head + "\n".join(lines))
+  write_results(args, "shape", results, head + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -402,16 +402,17 @@ def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Au
     shortlist = measured_shortlist(ranked, auto.draft_model)
     for m in shortlist:
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
-    got = measure(run, shortlist, budget, int(auto.rounds or 5))
+    rounds = int(auto.rounds or 5)
+    got = measure(run, shortlist, budget, rounds)
     ratios = {m: q for m, (_, _, q) in got.items()}
     ranked = sorted((Candidate(m, t, s, batch) for m, (t, s, _) in got.items()), key=lambda c: -ratios[c.method])
     basis = (
-        f"measured on these requests ({budget} new tokens, {int(auto.rounds or 5)} interleaved rounds, "
+        f"measured on these requests ({budget} new tokens, {rounds} interleaved rounds, "
         "median of each candidate's rate / AR's in the same round)"
     )
   ar = next(c for c in ranked if isinstance(c.method, AR))
   best = ranked[0]
-  ratio = ratios.get(best.method) if basis != "predicted" else best.tokens_per_s / ar.tokens_per_s
+  ratio = ratios[best.method] if ratios else best.tokens_per_s / ar.tokens_per_s
   if ratio < AR_MARGIN:
     best, ratio = ar, 1.0  # within the noise of AR: AR (nothing to lose)
   reason = (

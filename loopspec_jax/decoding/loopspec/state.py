@@ -156,10 +156,10 @@ def worst_spawns(r: int, d1: int, d2: Optional[int]) -> list:
   and nothing is pruned: f[0] = 1, f[j] = f[j - 1] + f[j - d2/d1] (a lane's first child spawns one tick after
   it, its second child d2/d1 ticks after it). Without a second proposal every f[j] is 1."""
   g = r // d1
-  hop = g if d2 is None else d2 // d1
+  hop = g if d2 is None else d2 // d1  # no second proposal: a second child never falls inside the R/d1 ticks
   f = [1]
   for j in range(1, g):
-    f.append(f[j - 1] + (f[j - hop] if d2 is not None and j >= hop else 0))
+    f.append(f[j - 1] + (f[j - hop] if j >= hop else 0))
   return f
 
 
