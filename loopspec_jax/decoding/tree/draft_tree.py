@@ -24,8 +24,10 @@ root p0 through the drafter in one batched pass (this rewrites the positions com
 gamma + 1, whatever the tree drafted; earlier ones are rewritten with the same values), which yields the root's
 q; levels 1..gamma-1 then read that cache below p0 + 1 and write nothing. drafts="sample" (the default when
 sampling) draws the children i.i.d. from q; drafts="distinct" draws them without replacement (verified by the
-matching without-replacement rule, `specinfer.verify_multistep(replacement=False)`); drafts="topk" (always
-when greedy) takes the top tokens.
+matching without-replacement rule, `specinfer.verify_multistep(replacement=False)`); drafts="kseq" draws them
+i.i.d. like "sample" and verifies them with SpecTr's K-SEQ (`tree/spectr.py`: one rho per node, the residual
+only after every child was rejected; more accepted tokens per node than SpecInfer's for the same draws);
+drafts="topk" (always when greedy) takes the top tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from loopspec_jax.models import looped as M
 
 ACCEPT_GUESS = 0.7
 DEFAULTS = {"gamma": 5, "branch": 3, "tree_nodes": 24}
-DRAFTS = ("sample", "distinct", "topk")  # i.i.d. children / without replacement / top tokens
+DRAFTS = ("sample", "distinct", "kseq", "topk")  # i.i.d. (SpecInfer) / without replacement / i.i.d. (K-SEQ) / top
 
 
 def pool_size(branch: int, gamma: int) -> int:
@@ -235,7 +237,8 @@ def decode_loop(
   layout, dlayout = kvcache.CacheLayout.of(cfg, 1), kvcache.CacheLayout.of(dcfg, 1)
   shape = static_shape(gamma, branch, tree_nodes)
   sample = drafts != "topk" and not greedy
-  repl = drafts == "sample"
+  repl = drafts != "distinct"
+  rule = "kseq" if drafts == "kseq" else "specinfer"
   vkw = dict(cfg=cfg, layout=layout, readouts=((cfg.recurrence, 0),), max_depth=gamma, random_init=random_init)
 
   def round_(st: tv.TreeState) -> tv.TreeState:
@@ -253,7 +256,7 @@ def decode_loop(
     )
     st = st.replace(extra=dcache)
     if sample:
-      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, **vkw)
+      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, rule=rule, **vkw)
     return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
 
   return common.loop_until_done(round_, state, sp)

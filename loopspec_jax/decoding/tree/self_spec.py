@@ -240,7 +240,7 @@ def decode_loop(
 ):
   """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done.
   drafts (ignored when greedy) "sample" / "distinct": a static tree of children drawn with / without
-  replacement and the matching multi-step verification; "topk": the EAGLE-2 tree of `draft_tree`, or with a
+  replacement and the matching multi-step verification; "kseq": i.i.d. children verified by K-SEQ; "topk": the EAGLE-2 tree of `draft_tree`, or with a
   static `shape` (Sequoia's) the top-rank tokens at its nodes."""
   params = M.prepare_params(params, cfg)
   layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
@@ -252,9 +252,9 @@ def decode_loop(
     p0 = st.length - 1
     args = (params, st.cache, layout, st.tokens, p0, sp)
     if drafts != "topk" and not greedy:
-      repl = drafts == "sample"
+      repl, rule = drafts != "distinct", "kseq" if drafts == "kseq" else "specinfer"
       tree, q = draft_static(*args, cfg=cfg, **envelope, shape=shape, replacement=repl)
-      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, **vkw)
+      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, rule=rule, **vkw)
     if shape is not None:
       tree = draft_static(*args, cfg=cfg, **envelope, shape=shape, sample=False)[0]
     else:
@@ -319,7 +319,7 @@ def static_shape_of(gamma, branch, tree_nodes, drafts: str, shape: str, accept) 
   """The round's static shape: Sequoia's for shape="sequoia", draft_tree's for sampled drafts, else None (the
   dynamic EAGLE-2 tree)."""
   if shape == "sequoia":
-    return sequoia.sequoia_shape(accept, gamma, branch, tree_nodes)
+    return sequoia.shape_of(accept, gamma, branch, tree_nodes)
   return dt.static_shape(gamma, branch, tree_nodes) if drafts != "topk" else None
 
 
@@ -363,11 +363,15 @@ def resolve(
     raise ValueError(f"method='tree' takes accept= only with shape='sequoia', got shape={shape!r}")
   env["accept"] = None
   if env["shape"] == "sequoia":
+    mode = "greedy" if greedy else env["drafts"]
+    counts = env["drafts"] == "kseq" and (accept is not None or mode == "kseq")  # accept's format: drafts'
     if accept is None:
-      mode = "greedy" if greedy else env["drafts"]
       accept = sequoia.default_accept(env["d1"], mode, env["branch"])
-    env["accept"] = sequoia.parse_accept(accept, env["gamma"], env["branch"])
-    sequoia.sequoia_shape(env["accept"], env["gamma"], env["branch"], env["tree_nodes"])
+    if counts:
+      env["accept"] = sequoia.parse_counts(accept, env["branch"])
+    else:
+      env["accept"] = sequoia.parse_accept(accept, env["gamma"], env["branch"])
+    sequoia.shape_of(env["accept"], env["gamma"], env["branch"], env["tree_nodes"])
   return env
 
 
@@ -404,7 +408,9 @@ class TreeSelf(Method):
   per-depth rows; default the vector measured on tiny-raven for the decoding mode (greedy, or the sampled
   drafts mode), `sequoia.DEFAULT_ACCEPT`), its nodes the
   top-rank tokens of the readout (greedy / drafts="topk") or the sampled children (drafts="sample" /
-  "distinct")."""
+  "distinct" / "kseq"). drafts="kseq": i.i.d. children verified by SpecTr's K-SEQ (`tree/spectr.py`); with
+  it, accept is a count table (row c - 1: the c slots' acceptance with c children, '0.9;0.8/0.16' in spec
+  strings; `sequoia.parse_counts`)."""
 
   name = "tree"
   positional = ("d1", "gamma", "branch", "tree_nodes")

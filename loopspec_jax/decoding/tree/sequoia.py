@@ -15,7 +15,10 @@ still optimised). The shape is static (tuples, fixed at trace time), so it serve
 `DEFAULT_ACCEPT` holds the vectors measured on tiny-raven (pooled over GSM8K and Shakespeare calibration
 prompts 8..15, never the benchmark's first 8; `experiments/tree_shape.py`), per d1 and decoding mode: greedy,
 and under sampling per drafts mode (sampled children are accepted by SpecInfer's rule, whose later siblings
-face the residual norm(max(p - q, 0)): a far steeper vector than greedy's second ranks).
+face the residual norm(max(p - q, 0)): a far steeper vector than greedy's second ranks). drafts="kseq"
+(SpecTr's K-SEQ, `tree/spectr.py`) accepts slot i of a node with c children with beta_c (1 - beta_c)^i, beta_c
+depending on c: its vectors are count tables (row c - 1: the c slots), optimised by `kseq_shape`'s DP (a
+node's value is a maximum over its child count c of the knapsack over its c slots).
 """
 
 from __future__ import annotations
@@ -43,8 +46,13 @@ DEFAULT_ACCEPT = {
     (2, "distinct"): (0.968, 0.014, 0.006, 0.003),
     (1, "topk"): (0.228, 0.073, 0.046, 0.035),
     (2, "topk"): (0.233, 0.074, 0.046, 0.035),
+    # drafts="kseq" (SpecTr's K-SEQ): count-dependent, row c - 1 = P(slot i is the accepted child | c
+    # children) = E[beta_c (1 - beta_c)^i], exact, pooled like the rows above (`tree_shape --sampled`,
+    # results/trees_shape/epyc2-2026-12-04-kseq/shape_t1.md)
+    (1, "kseq"): ((0.894,), (0.806, 0.148), (0.744, 0.180, 0.051), (0.697, 0.200, 0.065, 0.023)),
+    (2, "kseq"): ((0.968,), (0.924, 0.068), (0.890, 0.094, 0.013), (0.864, 0.113, 0.019, 0.004)),
 }
-MODES = ("greedy", "sample", "distinct", "topk")  # greedy decoding / the sampled drafts modes
+MODES = ("greedy", "sample", "distinct", "kseq", "topk")  # greedy decoding / the sampled drafts modes
 
 
 def default_accept(d1: int, mode: str, branch: int) -> tuple:
@@ -54,6 +62,19 @@ def default_accept(d1: int, mode: str, branch: int) -> tuple:
     raise ValueError(f"no default acceptance vector for mode {mode!r}; known: {MODES}")
   d1 = min(d1, max(d for d, m in DEFAULT_ACCEPT if m == mode))
   return DEFAULT_ACCEPT[d1, mode][:branch]
+
+
+def is_count_table(accept) -> bool:
+  """Whether a parsed accept is a K-SEQ count table (rows of 1, 2, ... entries) rather than `parse_accept`'s
+  (gamma, branch) form (where the two coincide, gamma = branch = 1, both DPs give the same one-node tree)."""
+  return all(len(r) == i + 1 for i, r in enumerate(accept))
+
+
+def shape_of(accept: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Shape:
+  """Sequoia's shape for a parsed accept: `kseq_shape` for a count table, else `sequoia_shape`."""
+  if is_count_table(accept):
+    return kseq_shape(accept, gamma, branch, tree_nodes)
+  return sequoia_shape(accept, gamma, branch, tree_nodes)
 
 
 def parse_accept(accept, gamma: int, branch: int) -> tuple:
@@ -127,6 +148,86 @@ def sequoia_shape(accept: tuple, gamma: int, branch: int, tree_nodes: int) -> dt
       par.append(u), dep.append(dep[u] + 1), rnk.append(r)
       todo.append((len(par) - 1, s - 1))
   return dt.ordered_shape(par, dep, rnk, gamma)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Count-dependent acceptance (drafts="kseq": SpecTr's K-SEQ, `tree/spectr.py`)
+# ---------------------------------------------------------------------------------------------------
+def parse_counts(table, branch: int) -> tuple:
+  """A K-SEQ acceptance table: row c - 1 (c = 1..branch children) holds the c per-slot probabilities
+  P(slot i is the accepted child | c children), as nested sequences or a string '0.9;0.8/0.16;...' (rows
+  ';'-separated, entries '/'); rows past the table's are unavailable (no node gets that many children).
+  ValueError on anything else."""
+  if isinstance(table, str):
+    try:
+      table = [[float(x) for x in r.split("/")] for r in table.split(";")]
+    except ValueError:
+      raise ValueError(f"a K-SEQ table must be ';'-separated rows of '/'-separated floats, got {table!r}") from None
+  try:
+    rows = tuple(tuple(float(x) for x in r) for r in table)
+  except (TypeError, ValueError):
+    raise ValueError(f"a K-SEQ table must be rows of probabilities, got {table!r}") from None
+  if not rows or any(len(r) != c + 1 for c, r in enumerate(rows)):
+    raise ValueError(f"a K-SEQ table needs rows of 1, 2, 3, ... entries (row c - 1: c children), got {table!r}")
+  if any(not 0.0 <= x <= 1.0 for r in rows for x in r) or any(sum(r) > 1.0 + 1e-6 for r in rows):
+    raise ValueError(f"a K-SEQ table's entries must be probabilities summing to <= 1 per row, got {table!r}")
+  return rows[:branch]
+
+
+def _count_value(value_next, row, n: int):
+  """The best value of exactly len(row) children (slot i reached with row[i]) sharing m = 0..n nodes, each
+  child subtree of s >= 1 nodes worth value_next[s - 1]: (h [n + 1], sizes per m)."""
+  neg = -np.inf
+  h, sizes = [0.0] + [neg] * n, [()] + [None] * n  # no slots yet
+  for a in reversed(row):
+    nh, ns = [neg] * (n + 1), [None] * (n + 1)
+    for m in range(1, n + 1):
+      for s in range(1, m + 1):
+        if value_next[s - 1] == neg or h[m - s] == neg:
+          continue
+        v = a * (1.0 + value_next[s - 1]) + h[m - s]
+        if v > nh[m] + 1e-12:
+          nh[m], ns[m] = v, (s,) + sizes[m - s]
+    h, sizes = nh, ns
+  return h, sizes
+
+
+@functools.lru_cache(maxsize=None)
+def kseq_shape(table: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Shape:
+  """Sequoia's DP for count-dependent acceptance (`parse_counts`' table, the same at every depth): a node
+  with c children reaches its slot i with table[c - 1][i] (K-SEQ: rho, hence beta, depends on c)."""
+  neg = -np.inf
+  value = [[0.0] + [neg] * tree_nodes for _ in range(gamma + 1)]
+  choice = [[()] * (tree_nodes + 1) for _ in range(gamma + 1)]
+  for d in range(gamma - 1, -1, -1):
+    for row in table[:branch]:
+      h, sizes = _count_value(value[d + 1], row, tree_nodes)
+      for m in range(1, tree_nodes + 1):
+        if h[m] > value[d][m] + 1e-12:
+          value[d][m], choice[d][m] = h[m], sizes[m]
+  if value[0][tree_nodes] == neg:
+    raise ValueError(f"no tree of {tree_nodes} nodes fits gamma={gamma}, branch={branch}")
+  par, dep, rnk = [0], [0], [0]
+  todo = [(0, tree_nodes)]
+  while todo:
+    u, m = todo.pop()
+    for r, s in enumerate(choice[dep[u]][m]):
+      par.append(u), dep.append(dep[u] + 1), rnk.append(r)
+      todo.append((len(par) - 1, s - 1))
+  return dt.ordered_shape(par, dep, rnk, gamma)
+
+
+def expected_accepted_counts(shape: dt.Shape, table: tuple) -> float:
+  """The count model's expected accepted drafts of a shape: the i-th of c siblings (in index order, whatever
+  their rank labels) is reached with table[c - 1][i] times its parent's reach."""
+  sibs = {}
+  for j in range(1, len(shape.parent)):
+    sibs.setdefault(shape.parent[j], []).append(j)
+  reach = [1.0] * len(shape.parent)
+  for i in range(1, len(shape.parent)):
+    kids = sibs[shape.parent[i]]
+    reach[i] = reach[shape.parent[i]] * table[len(kids) - 1][kids.index(i)]
+  return float(sum(reach[1:]))
 
 
 def expected_accepted(shape: dt.Shape, accept: tuple) -> float:

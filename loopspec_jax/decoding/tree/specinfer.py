@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding.sampling import sample_with_uniform
+from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.verify import acceptance_prob
 
@@ -85,12 +86,26 @@ def verify_multistep(
 
 
 def verify_round(
-    params, st, sp, tree, q, *, cfg, layout, readouts, max_depth: int, random_init: bool, replacement: bool = True
+    params,
+    st,
+    sp,
+    tree,
+    q,
+    *,
+    cfg,
+    layout,
+    readouts,
+    max_depth: int,
+    random_init: bool,
+    replacement: bool = True,
+    rule: str = "specinfer",
 ):
   """`verify.verify_round` for a tree of SAMPLED drafts (q [B, K, V]: the drafter's distribution at every
   node, from which that node's children were drawn i.i.d.): one full-depth pass of every node, the target's
-  processed p at every node, `verify_multistep` per request (key: request, p0 + 1, PURPOSE_VERIFY; p0 names
-  the round), the accepted path written, commit and count. Duplicate siblings are kept (tried again)."""
+  processed p at every node, the rule per request (key: request, p0 + 1, PURPOSE_VERIFY; p0 names the round),
+  the accepted path written, commit and count. Duplicate siblings are kept (tried again). rule: "specinfer"
+  (`verify_multistep`, with or without replacement) or "kseq" (SpecTr's K-SEQ, `spectr.verify_kseq`, i.i.d.
+  children only)."""
   p0 = st.length - 1
   k = tree.tokens.shape[1]
   anc = jax.vmap(lambda par, val: (tv.ancestor_mask(par, max_depth) & val[None, :]) | jnp.eye(k, dtype=bool))(
@@ -102,8 +117,13 @@ def verify_round(
   keys = jax.vmap(lambda rid, pos: sampling.request_key(sp.base_key, rid, pos, sampling.PURPOSE_VERIFY))(
       sp.request_ids, p0 + 1
   )
-  rule = lambda *a: verify_multistep(*a, max_depth, replacement=replacement)
-  n_acc, path, nxt = jax.vmap(rule)(keys, tree.tokens, tree.parent, tree.valid, p, q)
+  if rule == "kseq":
+    if not replacement:
+      raise ValueError("K-SEQ verifies children drawn i.i.d. (with replacement) only")
+    fn = lambda *a: spectr.verify_kseq(*a, max_depth)
+  else:
+    fn = lambda *a: verify_multistep(*a, max_depth, replacement=replacement)
+  n_acc, path, nxt = jax.vmap(fn)(keys, tree.tokens, tree.parent, tree.valid, p, q)
   cache = tv.write_path(st.cache, layout, entries, path, p0, n_acc, after)
   drafts = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
   live = ~st.done
