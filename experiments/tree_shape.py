@@ -29,6 +29,7 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import sequoia
+from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.experiments import bench
 from loopspec_jax.experiments import tree_bound
@@ -176,30 +177,65 @@ def sibling_accept(p, q, x, key, *, branch: int, draws: int):
   return out
 
 
-def shape_value(shape, w) -> np.ndarray:
-  """[...]: the expected accepted drafts of a static shape given the emitted path (w [..., gamma, branch]:
-  P(rank k accepted at depth l + 1 | emitted tokens)): the sum over nodes of the product along their path."""
-  reach = [np.ones(w.shape[:-2])]
+@functools.partial(jax.jit, static_argnames=("branch",))
+def kseq_accept(p, q, x, *, branch: int):
+  """K-SEQ (`spectr.py`) per context and child count c = 1..branch: a [..., c - 1, i] = P(slot i is the
+  accepted child | c children) = beta_c (1 - beta_c)^i and w [..., c - 1, i] = the same given the emitted
+  token x, (1 - beta_c)^i min(q(x), p(x) / rho_c) / p(x) (exact: no Monte Carlo); zero past slot c - 1."""
+  px = jnp.take_along_axis(p, x[..., None], -1)[..., 0]
+  qx = jnp.take_along_axis(q, x[..., None], -1)[..., 0]
+  lead = p.shape[:-1]
+  flat = lambda z: z.reshape((-1,) + z.shape[len(lead) :])
+  a, w = [], []
+  for c in range(1, branch + 1):
+    rho = jax.lax.map(lambda pq: spectr.kseq_rho(pq[0], pq[1], c), (flat(p), flat(q))).reshape(lead)
+    beta = jnp.sum(jnp.minimum(q, p / rho[..., None]), -1)
+    mx = jnp.minimum(qx, px / rho) / jnp.where(px > 0, px, 1.0)
+    i = jnp.arange(branch)
+    tail = (1.0 - beta[..., None]) ** i * (i < c)
+    a.append(beta[..., None] * tail), w.append(mx[..., None] * tail)
+  return jnp.stack(a, -2), jnp.stack(w, -2)
+
+
+def node_w(shape, w, counts: bool = False):
+  """[K] per node (entry 0 unused) the slices of w: w[..., depth - 1, rank], or with counts (K-SEQ's
+  w [..., gamma, c - 1, i]) w[..., depth - 1, children of the parent - 1, rank]."""
+  kids = [sum(1 for j in range(1, len(shape.parent)) if shape.parent[j] == u) for u in range(len(shape.parent))]
+  out = [None]
   for i in range(1, len(shape.parent)):
-    reach.append(reach[shape.parent[i]] * w[..., shape.depth[i] - 1, shape.rank[i]])
+    d, r = shape.depth[i] - 1, shape.rank[i]
+    out.append(w[..., d, kids[shape.parent[i]] - 1, r] if counts else w[..., d, r])
+  return out
+
+
+def shape_value(shape, w, counts: bool = False) -> np.ndarray:
+  """[...]: the expected accepted drafts of a static shape given the emitted path (w [..., gamma, branch]:
+  P(rank k accepted at depth l + 1 | emitted tokens); counts: `node_w`): the sum over nodes of the product
+  along their path."""
+  nw = node_w(shape, w, counts)
+  reach = [np.ones(nw[1].shape)]
+  for i in range(1, len(shape.parent)):
+    reach.append(reach[shape.parent[i]] * nw[i])
   return np.sum(reach[1:], axis=0)
 
 
-def sample_depths(shape, w, rng) -> np.ndarray:
+def sample_depths(shape, w, rng, counts: bool = False) -> np.ndarray:
   """[O, B] accepted depths drawn given the emitted text: P(depth >= d) = sum over depth-d nodes of reach."""
-  reach = [np.ones(w.shape[:-2])]
-  at = np.zeros(w.shape[:-2] + (max(shape.depth) + 1,))
+  nw = node_w(shape, w, counts)
+  reach = [np.ones(nw[1].shape)]
+  at = np.zeros(nw[1].shape + (max(shape.depth) + 1,))
   for i in range(1, len(shape.parent)):
-    reach.append(reach[shape.parent[i]] * w[..., shape.depth[i] - 1, shape.rank[i]])
+    reach.append(reach[shape.parent[i]] * nw[i])
     at[..., shape.depth[i]] += reach[-1]
   at[..., 0] = 1.0
-  u = rng.random(w.shape[:-2])
+  u = rng.random(nw[1].shape)
   return np.sum(at[..., 1:] > u[..., None], axis=-1)
 
 
 def sampled_main(args, model, tasks):
   """--sampled: vectors per drafts mode and d1 from AR's T = 1 text on prompts 8..15; shapes evaluated
-  (exact expected accepted per offset, rounds simulated with depths drawn given the text) on prompts 0..7."""
+  (exact expected accepted per offset, rounds simulated with depths drawn given the text) on prompts 0..7.
+  drafts="kseq" (`kseq_accept`, `kseq_rows`): a count table per d1 instead of a vector."""
   g, br, n, new = args.gamma, args.branch, args.nodes, args.new
   t1 = lambda tk, lo, hi: sampled_continuation(model, tk, lo, hi, new + g, args.seed)
   calib = {tk: t1(tk, 8, 16) for tk in tasks}
@@ -219,6 +255,7 @@ def sampled_main(args, model, tasks):
             m: tuple(None if v is None else np.asarray(v) for v in av)
             for m, av in sibling_accept(p, q, x, jax.random.PRNGKey(1), branch=br, draws=args.draws).items()
         }
+        stats[split, tk]["kseq"] = tuple(np.asarray(v) for v in kseq_accept(p, q, x, branch=br))
         print(d1, split, tk, "done", flush=True)
     for mode in ("sample", "distinct", "topk", "ot bound", "topk of p bound"):
       a = np.concatenate([stats["calib", tk][mode][0] for tk in tasks], axis=1)  # [O, B, gamma, branch]
@@ -253,6 +290,7 @@ def sampled_main(args, model, tasks):
         cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
         lines.append(f"| {d1} | {mode} | {name} | {_vec(flat)} | {cols} |")
         print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
+    lines += kseq_rows(args, d1, stats, tasks, res, rng)
     results[str(d1)] = res
   head = (
       f"Replayed T = 1 tau of static tree shapes (sampled drafts, SpecInfer's rule; topk: deterministic drafts "
@@ -262,6 +300,35 @@ def sampled_main(args, model, tasks):
       "expected accepted drafts per round from an offset.\n\n"
   )
   write_results(args, "shape_t1", results, head + "\n".join(lines))
+
+
+def kseq_rows(args, d1: int, stats, tasks, res, rng) -> list:
+  """drafts="kseq": the count-dependent table (pooled over calibration contexts and depths), its Sequoia
+  shape (`sequoia.kseq_shape`) and the sample vector's, evaluated (count-aware w) on the eval prompts."""
+  g, br, n, new = args.gamma, args.branch, args.nodes, args.new
+  a = np.concatenate([stats["calib", tk]["kseq"][0] for tk in tasks], axis=1)  # [O, B, gamma, c, i]
+  mean = a.reshape((-1, br, br)).mean(0)
+  table = tuple(tuple(round(float(v), 3) for v in mean[c, : c + 1]) for c in range(br))
+  res["accept"]["kseq"] = [list(r) for r in table]
+  shapes = {"sequoia kseq table": sequoia.kseq_shape(table, g, br, n)}
+  sample_acc = sequoia.parse_accept(tuple(res["accept"]["sample"]), g, br)
+  shapes["sequoia sample vector"] = sequoia.sequoia_shape(sample_acc, g, br, n)
+  shapes["ACCEPT_GUESS static"] = dt.static_shape(g, br, n)
+  shown = ";".join(_vec(r) for r in table)
+  lines = []
+  for name, shape in shapes.items():
+    key = f"kseq / {name}"
+    res["tau"][key], res["value"][key] = {}, {}
+    for tk in tasks:
+      w = stats["eval", tk]["kseq"][1]
+      res["value"][key][tk] = float(shape_value(shape, w, counts=True).mean())
+      sims = [tree_bound.simulate(sample_depths(shape, w, rng, counts=True), new)["tau"] for _ in range(args.reps)]
+      res["tau"][key][tk] = float(np.mean(sims))
+    res.setdefault("model", {})[key] = sequoia.expected_accepted_counts(shape, table)
+    cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
+    lines.append(f"| {d1} | kseq | {name} | {shown} | {cols} |")
+    print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
+  return lines
 
 
 def write_results(args, stem: str, results: dict, text: str) -> None:

@@ -11,6 +11,8 @@ draft_model=, gamma=, branch=, tree_nodes=, drafts=)`) and tree self-speculation
   `specinfer._residual`) fails (slow).
 - drafts="distinct" (siblings without replacement) with its matching rule: the kernel alone against exact
   probabilities (and the with-replacement rule on such draws fails), and the decoders (slow).
+- drafts="kseq" (i.i.d. siblings, SpecTr's K-SEQ, `tree/spectr.py`): the same chi-square cases for both
+  decoders (static and Sequoia count-table shapes); K-SEQ with rho = 1 fails them (slow).
 - One compile per configuration, seeded and batch-independent (fresh jits; slow).
 """
 
@@ -29,6 +31,7 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import draft_tree
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import specinfer
+from loopspec_jax.decoding.tree import spectr
 
 ENV = dict(gamma=3, branch=2, tree_nodes=6)
 
@@ -212,6 +215,9 @@ CASES = {
     "draft-distinct": (small_target, dict(method="draft", draft_model=None, drafts="distinct", **SMALL)),
     "tree-distinct": (self_target, dict(method="tree", d1=1, drafts="distinct", **SMALL)),
     "tree-sequoia": (self_target, dict(method="tree", d1=1, drafts="distinct", shape="sequoia", **SMALL)),
+    "draft-kseq": (small_target, dict(method="draft", draft_model=None, drafts="kseq", **SMALL)),
+    "tree-kseq": (self_target, dict(method="tree", d1=1, drafts="kseq", **SMALL)),
+    "tree-kseq-sequoia": (self_target, dict(method="tree", d1=1, drafts="kseq", shape="sequoia", **SMALL)),
 }
 DEFAULT_CASES = ()  # each case is 25-30 s on a quiet host: the statistics run with -m slow
 
@@ -250,4 +256,19 @@ def test_unnormalised_residual_fails_the_same_test(case, monkeypatch):
   _, counts, exact = sampled_counts(case, seed=11)
   p = helpers.chi2_pvalue(counts, exact, check_support=False)
   print(f"  {case} biased: p={p:.4g}")
+  assert p < ALPHA, p
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ("draft-kseq", "tree-kseq"))
+def test_kseq_with_rho_one_fails_the_same_test(case, monkeypatch):
+  """K-SEQ with rho = 1 at every node (invalid for k > 1: the residual p - min(p, q) f(beta) goes negative
+  and is clipped): the same test rejects."""
+  original = spectr.verify_kseq
+  monkeypatch.setattr(spectr, "verify_kseq", lambda *a, **k: original(*a, variant="rho_one"))
+  module = draft_tree if case.startswith("draft") else self_spec
+  monkeypatch.setattr(module, "decode_loop", helpers.fresh_jit(module.decode_loop))  # retrace with the bias
+  _, counts, exact = sampled_counts(case, seed=11)
+  p = helpers.chi2_pvalue(counts, exact, check_support=False)
+  print(f"  {case} rho = 1: p={p:.4g}")
   assert p < ALPHA, p

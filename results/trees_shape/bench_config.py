@@ -7,6 +7,8 @@ run's methods (the tree variants beside chain) and one timed repeat.
       --config.out_dir=results/trees_shape/epyc2-2026-12-03-t1
   python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py:t1b \
       --config.out_dir=results/trees_shape/epyc2-2026-12-04-t1b
+  python -P -m loopspec_jax.experiments.bench_trees --config=results/trees_shape/bench_config.py:kseq \
+      --config.out_dir=results/trees_shape/epyc2-2026-12-04-kseq
 """
 
 import importlib.util
@@ -37,14 +39,19 @@ for _extra in (",drafts=sample,shape=sequoia", ",drafts=distinct,shape=sequoia")
 T1B_METHODS = T1_METHODS + [f"tree:d1=1,{E},shape=sequoia", f"tree:d1=2,{E},shape=sequoia"]
 
 
+# SpecTr's K-SEQ on the same i.i.d. sampled trees (preset "kseq", results/trees_shape/epyc2-2026-12-04-kseq):
+# the t1 rows (SpecInfer with / without replacement) and drafts=kseq on the Sequoia shape of its count table
+KSEQ_METHODS = T1_METHODS + [f"tree:d1=1,{E},drafts=kseq,shape=sequoia", f"tree:d1=2,{E},drafts=kseq,shape=sequoia"]
+
+
 def get_config(arg=None):
   c = trees.get_config(None)
   c.methods = list(METHODS)
   c.repeats = 1
   c.out_dir = "results/trees_shape/bench"
-  if arg in ("t1", "t1b"):
-    c.methods = list(T1_METHODS if arg == "t1" else T1B_METHODS)
+  if arg in ("t1", "t1b", "kseq"):
+    c.methods = list({"t1": T1_METHODS, "t1b": T1B_METHODS, "kseq": KSEQ_METHODS}[arg])
     c.samplings = ["T1"]
   elif arg:
-    raise ValueError(f"unknown preset {arg!r}; known: t1, t1b")
+    raise ValueError(f"unknown preset {arg!r}; known: t1, t1b, kseq")
   return c
