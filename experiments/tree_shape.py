@@ -219,8 +219,8 @@ def shape_value(shape, w, counts: bool = False) -> np.ndarray:
   return np.sum(reach[1:], axis=0)
 
 
-def reach_at(shape, w, counts: bool = False) -> np.ndarray:
-  """[..., gamma + 1]: P(accepted depth >= d | the emitted text) of a static shape, d = 0..gamma."""
+def sample_depths(shape, w, rng, counts: bool = False) -> np.ndarray:
+  """[O, B] accepted depths drawn given the emitted text: P(depth >= d) = sum over depth-d nodes of reach."""
   nw = node_w(shape, w, counts)
   reach = [np.ones(nw[1].shape)]
   at = np.zeros(nw[1].shape + (max(shape.depth) + 1,))
@@ -228,13 +228,7 @@ def reach_at(shape, w, counts: bool = False) -> np.ndarray:
     reach.append(reach[shape.parent[i]] * nw[i])
     at[..., shape.depth[i]] += reach[-1]
   at[..., 0] = 1.0
-  return at
-
-
-def sample_depths(shape, w, rng, counts: bool = False) -> np.ndarray:
-  """[O, B] accepted depths drawn given the emitted text: P(depth >= d) = sum over depth-d nodes of reach."""
-  at = reach_at(shape, w, counts)
-  u = rng.random(at.shape[:-1])
+  u = rng.random(nw[1].shape)
   return np.sum(at[..., 1:] > u[..., None], axis=-1)
 
 
@@ -309,33 +303,18 @@ def sampled_main(args, model, tasks):
 
 
 def kseq_rows(args, d1: int, stats, tasks, res, rng) -> list:
-  """drafts="kseq": the count-dependent table pooled over calibration contexts (flat: and depths; per depth;
-  per depth with each context weighted by the flat shape's reach there, iterated), their Sequoia shapes (`sequoia.kseq_shape`), the local search from the better of them (`local_search`,
-  scored on the calibration prompts) and the sample vector's shape, evaluated (count-aware w) on the eval
-  prompts."""
-  g, br, n = args.gamma, args.branch, args.nodes
+  """drafts="kseq": the count-dependent table (pooled over calibration contexts and depths), its Sequoia
+  shape (`sequoia.kseq_shape`) and the sample vector's, evaluated (count-aware w) on the eval prompts."""
+  g, br, n, new = args.gamma, args.branch, args.nodes, args.new
   a = np.concatenate([stats["calib", tk]["kseq"][0] for tk in tasks], axis=1)  # [O, B, gamma, c, i]
-  rnd = lambda m: tuple(tuple(round(float(v), 3) for v in m[c, : c + 1]) for c in range(br))
-  table = rnd(a.reshape((-1, br, br)).mean(0))
-  per_depth = tuple(rnd(m) for m in a.reshape((-1, g, br, br)).mean(0))
+  mean = a.reshape((-1, br, br)).mean(0)
+  table = tuple(tuple(round(float(v), 3) for v in mean[c, : c + 1]) for c in range(br))
   res["accept"]["kseq"] = [list(r) for r in table]
-  res["accept_depth"]["kseq"] = [[list(r) for r in t] for t in per_depth]
-  w_cal = np.concatenate([stats["calib", tk]["kseq"][1] for tk in tasks], axis=1)
-  calib_value = lambda shape: float(shape_value(shape, w_cal, counts=True).mean())
   shapes = {"sequoia kseq table": sequoia.kseq_shape(table, g, br, n)}
-  shapes["sequoia kseq per-depth table"] = sequoia.kseq_shape(per_depth, g, br, n)
-  weighted, shape = per_depth, shapes["sequoia kseq table"]
-  for _ in range(3):  # the contexts weighted by the shape's reach there given the text, then its shape again
-    at = reach_at(shape, w_cal, counts=True)[..., :g, None, None]  # [O, B, gamma, 1, 1]
-    weighted = tuple(rnd(m) for m in (at * a).sum((0, 1)) / at.sum((0, 1)))
-    shape = sequoia.kseq_shape(weighted, g, br, n)
-  res["accept_depth"]["kseq reach-weighted"] = [[list(r) for r in t] for t in weighted]
-  shapes["sequoia kseq reach-weighted per-depth table"] = shape
-  start = max(list(shapes.values()), key=calib_value)
-  shapes["local search (calibration replay)"] = local_search(start, calib_value, g, br, args.search_steps)
   sample_acc = sequoia.parse_accept(tuple(res["accept"]["sample"]), g, br)
   shapes["sequoia sample vector"] = sequoia.sequoia_shape(sample_acc, g, br, n)
   shapes["ACCEPT_GUESS static"] = dt.static_shape(g, br, n)
+  shown = ";".join(_vec(r) for r in table)
   lines = []
   for name, shape in shapes.items():
     key = f"kseq / {name}"
@@ -343,56 +322,13 @@ def kseq_rows(args, d1: int, stats, tasks, res, rng) -> list:
     for tk in tasks:
       w = stats["eval", tk]["kseq"][1]
       res["value"][key][tk] = float(shape_value(shape, w, counts=True).mean())
-      sims = [tree_bound.simulate(sample_depths(shape, w, rng, counts=True), args.new)["tau"] for _ in range(args.reps)]
+      sims = [tree_bound.simulate(sample_depths(shape, w, rng, counts=True), new)["tau"] for _ in range(args.reps)]
       res["tau"][key][tk] = float(np.mean(sims))
     res.setdefault("model", {})[key] = sequoia.expected_accepted_counts(shape, table)
-    res.setdefault("calib_value", {})[key] = calib_value(shape)
-    res.setdefault("shape", {})[key] = {"parent": list(shape.parent), "rank": list(shape.rank)}
-    shown = ";".join(_vec(r) for r in table) if "per-depth" not in name else "per depth (shape_t1.json)"
     cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
-    lines.append(f"| {d1} | kseq | {name} (calibration {res['calib_value'][key]:.3f}) | {shown} | {cols} |")
-    print(d1, key, res["tau"][key], res["calib_value"][key], shape.depth, shape.rank, flush=True)
+    lines.append(f"| {d1} | kseq | {name} | {shown} | {cols} |")
+    print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
   return lines
-
-
-def _reranked(par, dep, gamma: int):
-  """ordered_shape of (par, dep) with each node's children slotted by subtree size, largest first."""
-  size = [1] * len(par)
-  for i in sorted(range(1, len(par)), key=lambda i: -dep[i]):
-    size[par[i]] += size[i]
-  rnk = [0] * len(par)
-  for u in range(len(par)):
-    kids = sorted((i for i in range(1, len(par)) if par[i] == u), key=lambda i: (-size[i], i))
-    for r, i in enumerate(kids):
-      rnk[i] = r
-  return dt.ordered_shape(list(par), list(dep), rnk, gamma)
-
-
-def local_search(shape, score, gamma: int, branch: int, steps: int):
-  """Best-improvement hill climb over moves of one leaf to another parent (depth < gamma, < branch
-  children; the tree stays gamma deep), siblings slotted by subtree size (`_reranked`); at most `steps`
-  moves, stops at a local optimum of score(shape)."""
-  best, best_v = shape, score(shape)
-  for _ in range(steps):
-    par, dep = list(best.parent), list(best.depth)
-    kids = [sum(1 for j in range(1, len(par)) if par[j] == u) for u in range(len(par))]
-    cand_best, cand_v = None, best_v
-    deepest = sum(1 for d in dep if d == gamma)
-    for leaf in (i for i in range(1, len(par)) if kids[i] == 0 and (dep[i] < gamma or deepest > 1)):
-      for u in range(len(par)):
-        if u in (leaf, par[leaf]) or dep[u] >= gamma or kids[u] >= branch:
-          continue
-        np_, nd = par[:], dep[:]
-        np_[leaf], nd[leaf] = u, dep[u] + 1
-        cand = _reranked(np_, nd, gamma)
-        v = score(cand)
-        if v > cand_v + 1e-9:
-          cand_best, cand_v = cand, v
-    if cand_best is None:
-      break
-    best, best_v = cand_best, cand_v
-    print("local search", round(best_v, 4), flush=True)
-  return best
 
 
 def write_results(args, stem: str, results: dict, text: str) -> None:
@@ -428,7 +364,6 @@ def main():
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--draws", type=int, default=16)
   ap.add_argument("--reps", type=int, default=20)
-  ap.add_argument("--search-steps", type=int, default=12, help="--sampled: kseq local-search moves at most")
   args = ap.parse_args()
   g, br, n = args.gamma, args.branch, args.nodes
   model = loopspec_jax.load("tiny-raven")

@@ -237,20 +237,3 @@ def test_kseq_sequoia_shape_uses_the_count_table():
   assert abs(sequoia.expected_accepted_counts(chain, env["accept"]) - sum(table[0][0] ** d for d in range(1, 7))) < 1e-9
   greedy = self_spec.resolve(helpers.tiny_config("huginn:tiny"), 1, 6, 4, 32, "kseq", "sequoia", greedy=True)
   assert greedy["accept"] == sequoia.parse_accept(sequoia.default_accept(1, "greedy", 4), 6, 4)
-
-
-def test_kseq_shape_per_depth_table():
-  flat = sequoia.parse_counts(sequoia.DEFAULT_ACCEPT[2, "kseq"], 4)
-  same = sequoia.parse_counts([flat] * 6, 4)
-  assert sequoia.is_depth_counts(same) and not sequoia.is_depth_counts(flat) and sequoia.is_count_table(same)
-  assert sequoia.kseq_shape(same, 6, 4, 32) == sequoia.kseq_shape(flat, 6, 4, 32)
-  assert sequoia.kseq_shape(same[:2], 6, 4, 32) == sequoia.kseq_shape(flat, 6, 4, 32)  # the last serves deeper
-  # depth 1 chain-like (one child only), deeper levels wide: the per-depth DP puts one node at depth 1
-  chainy = ((0.9,), (0.9, 0.0), (0.9, 0.0, 0.0), (0.9, 0.0, 0.0, 0.0))
-  table = sequoia.parse_counts([chainy] + [flat] * 5, 4)
-  shape = sequoia.kseq_shape(table, 6, 4, 32)
-  assert sum(1 for d in shape.depth if d == 1) == 1
-  v = sequoia.expected_accepted_counts(shape, table)
-  assert v > sequoia.expected_accepted_counts(sequoia.kseq_shape(flat, 6, 4, 32), table) + 1e-6
-  env = self_spec.resolve(helpers.tiny_config("huginn:tiny"), 1, 6, 4, 32, "kseq", "sequoia", [chainy] + [flat] * 5)
-  assert env["accept"] == table

@@ -61,15 +61,13 @@ def default_accept(d1: int, mode: str, branch: int) -> tuple:
   if mode not in MODES:
     raise ValueError(f"no default acceptance vector for mode {mode!r}; known: {MODES}")
   d1 = min(d1, max(d for d, m in DEFAULT_ACCEPT if m == mode))
-  if is_depth_counts(DEFAULT_ACCEPT[d1, mode]):
-    return tuple(t[:branch] for t in DEFAULT_ACCEPT[d1, mode])
   return DEFAULT_ACCEPT[d1, mode][:branch]
 
 
 def is_count_table(accept) -> bool:
   """Whether a parsed accept is a K-SEQ count table (rows of 1, 2, ... entries) rather than `parse_accept`'s
   (gamma, branch) form (where the two coincide, gamma = branch = 1, both DPs give the same one-node tree)."""
-  return is_depth_counts(accept) or all(len(r) == i + 1 for i, r in enumerate(accept))
+  return all(len(r) == i + 1 for i, r in enumerate(accept))
 
 
 def shape_of(accept: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Shape:
@@ -155,23 +153,11 @@ def sequoia_shape(accept: tuple, gamma: int, branch: int, tree_nodes: int) -> dt
 # ---------------------------------------------------------------------------------------------------
 # Count-dependent acceptance (drafts="kseq": SpecTr's K-SEQ, `tree/spectr.py`)
 # ---------------------------------------------------------------------------------------------------
-def is_depth_counts(table) -> bool:
-  """Whether a K-SEQ table is per depth (one count table per tree depth) rather than flat."""
-  try:
-    t0 = table[0]
-    return not isinstance(table, str) and (isinstance(t0, str) or not np.isscalar(t0[0]))
-  except (TypeError, IndexError, KeyError):
-    return False
-
-
 def parse_counts(table, branch: int) -> tuple:
   """A K-SEQ acceptance table: row c - 1 (c = 1..branch children) holds the c per-slot probabilities
   P(slot i is the accepted child | c children), as nested sequences or a string '0.9;0.8/0.16;...' (rows
   ';'-separated, entries '/'); rows past the table's are unavailable (no node gets that many children).
-  Or per depth: a sequence of such tables, entry d for the children at depth d + 1 (`is_depth_counts`).
   ValueError on anything else."""
-  if is_depth_counts(table):
-    return tuple(parse_counts(t, branch) for t in table)
   if isinstance(table, str):
     try:
       table = [[float(x) for x in r.split("/")] for r in table.split(";")]
@@ -186,14 +172,6 @@ def parse_counts(table, branch: int) -> tuple:
   if any(not 0.0 <= x <= 1.0 for r in rows for x in r) or any(sum(r) > 1.0 + 1e-6 for r in rows):
     raise ValueError(f"a K-SEQ table's entries must be probabilities summing to <= 1 per row, got {table!r}")
   return rows[:branch]
-
-
-def depth_tables(table: tuple, gamma: int) -> tuple:
-  """gamma count tables (entry d: the children at depth d + 1) from a flat or per-depth parsed table (a
-  shorter per-depth table's last entry serves the deeper levels, a longer one's tail is unused)."""
-  if not is_depth_counts(table):
-    return (table,) * gamma
-  return tuple(table[min(d, len(table) - 1)] for d in range(gamma))
 
 
 def _count_value(value_next, row, n: int):
@@ -216,15 +194,13 @@ def _count_value(value_next, row, n: int):
 
 @functools.lru_cache(maxsize=None)
 def kseq_shape(table: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Shape:
-  """Sequoia's DP for count-dependent acceptance (`parse_counts`' table, flat or per depth): a depth-d node
-  with c children reaches its slot i with table[c - 1][i] (per depth: table[d][c - 1][i]; K-SEQ: rho, hence
-  beta, depends on c)."""
+  """Sequoia's DP for count-dependent acceptance (`parse_counts`' table, the same at every depth): a node
+  with c children reaches its slot i with table[c - 1][i] (K-SEQ: rho, hence beta, depends on c)."""
   neg = -np.inf
-  tables = depth_tables(table, gamma)
   value = [[0.0] + [neg] * tree_nodes for _ in range(gamma + 1)]
   choice = [[()] * (tree_nodes + 1) for _ in range(gamma + 1)]
   for d in range(gamma - 1, -1, -1):
-    for row in tables[d][:branch]:
+    for row in table[:branch]:
       h, sizes = _count_value(value[d + 1], row, tree_nodes)
       for m in range(1, tree_nodes + 1):
         if h[m] > value[d][m] + 1e-12:
@@ -243,16 +219,14 @@ def kseq_shape(table: tuple, gamma: int, branch: int, tree_nodes: int) -> dt.Sha
 
 def expected_accepted_counts(shape: dt.Shape, table: tuple) -> float:
   """The count model's expected accepted drafts of a shape: the i-th of c siblings (in index order, whatever
-  their rank labels) is reached with table[c - 1][i] (per depth: table[depth - 1][c - 1][i]) times its
-  parent's reach."""
-  tables = depth_tables(table, max(shape.depth))
+  their rank labels) is reached with table[c - 1][i] times its parent's reach."""
   sibs = {}
   for j in range(1, len(shape.parent)):
     sibs.setdefault(shape.parent[j], []).append(j)
   reach = [1.0] * len(shape.parent)
   for i in range(1, len(shape.parent)):
     kids = sibs[shape.parent[i]]
-    reach[i] = reach[shape.parent[i]] * tables[shape.depth[i] - 1][len(kids) - 1][kids.index(i)]
+    reach[i] = reach[shape.parent[i]] * table[len(kids) - 1][kids.index(i)]
   return float(sum(reach[1:]))
 
 
