@@ -35,18 +35,24 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
           "stage_width": shape.width,
       },
       per_request={k: getattr(s, k) for k in rows},
-      maxima={"max_live_lanes": np.asarray(s.live_max).max(), "ticks_max": np.asarray(s.ticks).max()},
+      maxima={
+          "max_live_lanes": np.asarray(s.live_max).max(),
+          "max_stage_demand": np.asarray(s.demand_max).max(),
+          "ticks_max": np.asarray(s.ticks).max(),
+      },
   )
 
 
 def make_decoder(
-    cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity, gate_mass=None
+    cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity, gate_mass=None, dynamic_width=True
 ) -> common.Decoder:
+  """dynamic_width=False: every tick computes all W lane columns of every stage (the reference the dynamic
+  width, `PipelineShape.ladder`, must equal token for token)."""
   S.validate(cfg, d1, d2, lane_capacity, gate_mass)
   d1 = int(d1)
   d2 = None if d2 is None else int(d2)
   width = S.stage_width(cfg.recurrence, d1, d2, lane_capacity)
-  shape = S.PipelineShape(cfg.recurrence, d1, d2, width, float(gate_mass or 0.0))
+  shape = S.PipelineShape(cfg.recurrence, d1, d2, width, float(gate_mass or 0.0), bool(dynamic_width))
   return common.Decoder(
       name="loopspec",
       readout_depths=shape.readouts,
