@@ -140,5 +140,7 @@ def test_dynamic_width_equals_the_fixed_wide_table(sampling):
   dyn, fixed = run(loopspec_jax.LoopSpec(d1=1, d2=4)), run(_FixedWidthLoopSpec(d1=1, d2=4))
   assert dyn.stats["stage_width"] == fixed.stats["stage_width"] == 5
   assert dyn.tokens == fixed.tokens
+  cols_dyn, cols_fixed = dyn.stats["per_request"].pop("cols_sum"), fixed.stats["per_request"].pop("cols_sum")
   assert dyn.stats["per_request"] == fixed.stats["per_request"]
+  assert sum(cols_dyn) < sum(cols_fixed) == 5 * sum(fixed.stats["per_request"]["ticks"])  # narrower ticks
   assert dyn.stats["max_live_lanes"] == fixed.stats["max_live_lanes"] > 5  # a tick ran wider than one column

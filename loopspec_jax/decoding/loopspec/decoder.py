@@ -21,7 +21,7 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
   """Raw counts of a LoopSpec run (per-request lane counters; figures: `LoopSpec.derived`)."""
   s = st.stats
   rows = ("ticks", "first", "second", "restart", "last_source", "reject_first", "gate_evals", "gate_opens")
-  rows += ("skipped_first", "skipped_second", "live_sum")
+  rows += ("skipped_first", "skipped_second", "live_sum", "cols_sum")
   return common.DecodeStats.of_loop(
       "loopspec",
       st,
@@ -104,6 +104,8 @@ class LoopSpec(Method):
         "tokens_per_r_steps": r * n / max(ticks * d1, 1),
         "request_ticks": ticks,
         "mean_live_lanes": stats.count("live_sum") / max(ticks, 1),
+        # model rows a tick computed per request: R/d1 stages x the columns of its ladder width
+        "mean_computed_lanes": (r // d1) * stats.count("cols_sum") / max(ticks, 1),
         # no verify pass of its own: its accepted length is mean_accepted_length; acceptance is the share of
         # commits whose next lane came from a proposal
         "tokens_per_pass": None,

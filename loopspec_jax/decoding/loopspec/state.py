@@ -127,6 +127,7 @@ class LoopSpecStats:
   live_sum: jax.Array = axes_field("batch")
   live_max: jax.Array = axes_field("batch")
   demand_max: jax.Array = axes_field("batch")  # most spawns asked of one stage in a tick (granted or not)
+  cols_sum: jax.Array = axes_field("batch")  # lane columns computed per stage, summed over the request's ticks
 
 
 @flax.struct.dataclass
@@ -268,6 +269,7 @@ def initial_state(
       live_sum=zb,
       live_max=zb,
       demand_max=zb,
+      cols_sum=zb,
   )
   return LoopSpecState(
       cache=cache,

@@ -47,6 +47,7 @@ class Advanced(NamedTuple):
   e: jax.Array  # [B, N, E]
   logits: jax.Array  # [B, nR * W, V] float32: rows of readout r at r * W .. r * W + W - 1
   spec: object  # SpecKV
+  cols: jax.Array  # [] int32: lane columns computed this tick (a `shape.ladder` width)
 
 
 class Verified(NamedTuple):
@@ -83,10 +84,12 @@ def advance(
   s_go, e_go = ln.s[:, rows], ln.e[:, rows]
   if len(widths) == 1:
     e0, pre_kv, s, core_kv, logits, coda_kv = branches[0](s_go, e_go)
+    cols = jnp.int32(w)
   else:
     need = L.live_columns(ln.alive, w)
     branch = jnp.minimum(jnp.sum(jnp.asarray(widths, jnp.int32) < need), len(widths) - 1)
     e0, pre_kv, s, core_kv, logits, coda_kv = jax.lax.switch(branch, branches, s_go, e_go)
+    cols = jnp.asarray(widths, jnp.int32)[branch]
   fresh = rows[:w]
   prelude = spec.prelude
   for l in range(pre_kv[0].shape[0]):
@@ -102,7 +105,8 @@ def advance(
   for l in range(coda_kv[0].shape[0]):
     coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), coda_kv[0][l], coda_kv[1][l])
   back = rows  # the row permutation is an involution: the same gather returns to stage order
-  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=spec.replace(prelude=prelude, core=core, coda=coda))
+  new_spec = spec.replace(prelude=prelude, core=core, coda=coda)
+  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=new_spec, cols=cols)
 
 
 def widen(x, axis: int, parts: int, cols: int, width: int):
@@ -333,7 +337,7 @@ def spawn(
   return lanes, skipped1, skipped2, demand
 
 
-def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2, demand):
+def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2, demand, cols):
   """Per-request counters after one tick."""
   active = ~st.done
   live = jnp.sum(st.lanes.alive & active[:, None], axis=1)
@@ -353,6 +357,7 @@ def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, op
       live_sum=ss.live_sum + live,
       live_max=jnp.maximum(ss.live_max, live),
       demand_max=jnp.maximum(ss.demand_max, demand),
+      cols_sum=ss.cols_sum + c(active) * cols,
   )
 
 
@@ -384,7 +389,7 @@ def make_tick(
     else:
       at_d2 = jnp.zeros((st.lanes.alive.shape[0], w), bool)
     source = commit_source(ver, kept_found, done & ~st.done)
-    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2, demand)
+    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2, demand, adv.cols)
     return LoopSpecState(
         cache=cache,
         spec=adv.spec,
