@@ -170,8 +170,8 @@ def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
 
 
-# The default table: the schedule's worst case per stage, at most this many lanes per request (R/d1 stages).
-MAX_DEFAULT_LANES = 2048
+# The default table: the schedule's worst case per stage, capped at MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage.
+MAX_DEFAULT_STAGE_LANES = 64
 
 
 def worst_spawns(r: int, d1: int, d2: Optional[int]) -> list:
@@ -201,15 +201,18 @@ def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> 
   """Lanes per stage W: capacity / (R/d1) rounded up.
 
   Default: the schedule's worst case (`worst_stage_lanes`, so that no spawn is ever skipped), capped at
-  MAX_DEFAULT_LANES / (R/d1) lanes per stage: every R <= 8 configuration, Ouro's R = 4 and R = 32 at d1 = 2
-  ((2, 8): 69) get the worst case; R = 32 at d1 = 1 (worst case 3084 per stage at (1, 5)) gets 64, above
-  the most spawns one stage was asked for on the bundled tiny-raven's sweep prompts ((1, 5): 43, none
-  skipped; results/lanes/epyc2-2026-12-04-dynamic). A tick computes only the columns holding live lanes
-  (`PipelineShape.ladder`), so a wide table costs memory (the speculative store holds R/d1 x N entries per
-  layer; the ancestry N^2 bits per request) and per-tick work on the lane table, not model rows."""
+  MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage (64 at d1 = 1, 16 at d1 = 2, 4 at d1 = 4). Every R <= 8
+  configuration and Ouro's R = 4 get the worst case (at most 21). At R = 32 the worst case is out of reach
+  ((1, 5): 3084 per stage, (2, 8): 69) and the cap sits above the most spawns one stage was asked for on the
+  bundled tiny-raven's sweep prompts, so none is skipped there ((1, 5): 43, (1, 4): 52, (1, 2): 45 against 64;
+  (2, 8): 7 against 16; results/lanes/epyc2-2026-12-04-dynamic). The stage demand falls with d1 faster than
+  1/d1 (fewer ticks per branch, fewer nested generations), hence d1^2. A tick computes only the columns
+  holding live lanes (`PipelineShape.ladder`), but the lane-table work of a tick (padded entry writes, the
+  [N, N] ancestry, drafting and spawning over W columns) and the speculative store (R/d1 x N entries per
+  layer) grow with W: (2, 8) at W 69 costs ~4x the tick time of W 8 for the same tokens."""
   g = r // d1
   if capacity is None:
-    return max(1, min(worst_stage_lanes(r, d1, d2), MAX_DEFAULT_LANES // g))
+    return max(1, min(worst_stage_lanes(r, d1, d2), MAX_DEFAULT_STAGE_LANES // (d1 * d1)))
   return math.ceil(capacity / g)
 
 
