@@ -102,10 +102,46 @@ def test_worst_case_lanes_equal_a_simulation_of_the_schedule(r, d1, d2):
   assert _simulate_worst_case(r, d1, d2) == (state.worst_stage_lanes(r, d1, d2), state.worst_live_lanes(r, d1, d2))
 
 
-def test_default_table_is_the_worst_case_when_small():
+def test_default_table_is_the_worst_case_up_to_the_lane_budget():
   from loopspec_jax.decoding.loopspec import state
 
   assert state.worst_live_lanes(32, 2, 8) == 249  # the release's bound
   assert state.stage_width(8, 1, 2, None) == 21 and state.stage_width(4, 1, 2, None) == 3
-  assert state.stage_width(32, 2, 8, None) == 2 and state.stage_width(32, 1, None, None) == 1
+  assert state.stage_width(8, 2, 4, None) == 3 and state.stage_width(8, 1, 4, None) == 5
+  assert state.stage_width(32, 1, 5, None) == state.stage_width(32, 1, 2, None) == 64  # capped at 64 / d1^2
+  assert state.stage_width(32, 2, 8, None) == 16 and state.stage_width(32, 4, 8, None) == 4  # worst: 69, 21
+  assert state.stage_width(32, 1, None, None) == 1
   assert state.stage_width(8, 1, 2, 16) == 2  # an explicit capacity wins
+
+
+class _FixedWidthLoopSpec(__import__("loopspec_jax").LoopSpec):
+  """LoopSpec whose every tick computes all W lane columns (no width ladder): the reference."""
+
+  def make_decoder(self, cfg, *, greedy, random_init):
+    from loopspec_jax.decoding.loopspec import decoder
+
+    kw = dict(d1=self.d1, d2=self.d2, lane_capacity=self.lane_capacity, gate_mass=self.gate_mass)
+    return decoder.make_decoder(cfg, greedy=greedy, random_init=random_init, dynamic_width=False, **kw)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 3}])
+def test_dynamic_width_equals_the_fixed_wide_table(sampling):
+  """Each tick computes only the first c columns of every stage, c the narrowest ladder width holding every
+  live lane (huginn:tiny (1, 4): default W 5, ladder 1, 2, 4, 5): tokens and every per-request counter equal
+  those of the table computed at W columns every tick, greedy and sampled."""
+  import loopspec_jax
+  from helpers import PROMPTS, tiny_model
+  from loopspec_jax.decoding.loopspec import state
+
+  assert state.PipelineShape(8, 1, 4, 5).ladder == (1, 2, 4, 5)
+  assert state.PipelineShape(8, 1, 4, 5, dynamic=False).ladder == (5,)
+  model = tiny_model("huginn:tiny", 0.6)
+  prompts = [list(p) for p in PROMPTS]
+  run = lambda m: loopspec_jax.generate(model, prompts, max_new_tokens=20, method=m, **sampling)
+  dyn, fixed = run(loopspec_jax.LoopSpec(d1=1, d2=4)), run(_FixedWidthLoopSpec(d1=1, d2=4))
+  assert dyn.stats["stage_width"] == fixed.stats["stage_width"] == 5
+  assert dyn.tokens == fixed.tokens
+  cols_dyn, cols_fixed = dyn.stats["per_request"].pop("cols_sum"), fixed.stats["per_request"].pop("cols_sum")
+  assert dyn.stats["per_request"] == fixed.stats["per_request"]
+  assert sum(cols_dyn) < sum(cols_fixed) == 5 * sum(fixed.stats["per_request"]["ticks"])  # narrower ticks
+  assert dyn.stats["max_live_lanes"] == fixed.stats["max_live_lanes"] > 5  # a tick ran wider than one column

@@ -21,7 +21,7 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
   """Raw counts of a LoopSpec run (per-request lane counters; figures: `LoopSpec.derived`)."""
   s = st.stats
   rows = ("ticks", "first", "second", "restart", "last_source", "reject_first", "gate_evals", "gate_opens")
-  rows += ("skipped_first", "skipped_second", "live_sum")
+  rows += ("skipped_first", "skipped_second", "live_sum", "cols_sum")
   return common.DecodeStats.of_loop(
       "loopspec",
       st,
@@ -35,18 +35,24 @@ def summarize(st: S.LoopSpecState, cfg: ModelConfig, shape: S.PipelineShape) -> 
           "stage_width": shape.width,
       },
       per_request={k: getattr(s, k) for k in rows},
-      maxima={"max_live_lanes": np.asarray(s.live_max).max(), "ticks_max": np.asarray(s.ticks).max()},
+      maxima={
+          "max_live_lanes": np.asarray(s.live_max).max(),
+          "max_stage_demand": np.asarray(s.demand_max).max(),
+          "ticks_max": np.asarray(s.ticks).max(),
+      },
   )
 
 
 def make_decoder(
-    cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity, gate_mass=None
+    cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, d2, lane_capacity, gate_mass=None, dynamic_width=True
 ) -> common.Decoder:
+  """dynamic_width=False: every tick computes all W lane columns of every stage (the reference the dynamic
+  width, `PipelineShape.ladder`, must equal token for token)."""
   S.validate(cfg, d1, d2, lane_capacity, gate_mass)
   d1 = int(d1)
   d2 = None if d2 is None else int(d2)
   width = S.stage_width(cfg.recurrence, d1, d2, lane_capacity)
-  shape = S.PipelineShape(cfg.recurrence, d1, d2, width, float(gate_mass or 0.0))
+  shape = S.PipelineShape(cfg.recurrence, d1, d2, width, float(gate_mass or 0.0), bool(dynamic_width))
   return common.Decoder(
       name="loopspec",
       readout_depths=shape.readouts,
@@ -98,6 +104,8 @@ class LoopSpec(Method):
         "tokens_per_r_steps": r * n / max(ticks * d1, 1),
         "request_ticks": ticks,
         "mean_live_lanes": stats.count("live_sum") / max(ticks, 1),
+        # model rows a tick computed per request: R/d1 stages x the columns of its ladder width
+        "mean_computed_lanes": (r // d1) * stats.count("cols_sum") / max(ticks, 1),
         # no verify pass of its own: its accepted length is mean_accepted_length; acceptance is the share of
         # commits whose next lane came from a proposal
         "tokens_per_pass": None,

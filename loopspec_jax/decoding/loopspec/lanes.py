@@ -25,10 +25,29 @@ def stage_of_group(t, n_groups: int):
   return ((t - 1 - jnp.arange(n_groups)) % n_groups).astype(jnp.int32)
 
 
-def group_rows(t, n_groups: int, width: int):
-  """[N] int32: the stable lane id at each group-order row (an involution on 0..N-1)."""
+def group_rows(t, n_groups: int, width: int, cols: int = 0):
+  """[G * cols] int32: the stable lane id at each group-order row of the first `cols` columns of every stage
+  (0: all W; then an involution on 0..N-1)."""
   stages = stage_of_group(t, n_groups)
-  return (stages[:, None] * width + jnp.arange(width)[None, :]).reshape(-1)
+  return (stages[:, None] * width + jnp.arange(cols or width)[None, :]).reshape(-1)
+
+
+def live_columns(alive, width: int):
+  """[] int32: the highest live column of any stage of any request, plus one (lanes enter a stage at its low
+  columns, `allocate_lanes`, and pruning only removes them, so the first that many columns hold every lane)."""
+  col = jnp.arange(alive.shape[1], dtype=jnp.int32) % width + 1
+  return jnp.max(jnp.where(alive, col[None, :], 0))
+
+
+def id_columns(x, n_groups: int, width: int, cols: int, axis: int):
+  """x's stable-id axis `axis` (N = G * W) cut to the ids of the first `cols` columns of every stage, in id
+  order (stage * cols + w): a static strided slice, the identity when cols = W."""
+  if cols == width:
+    return x
+  sh = x.shape
+  y = x.reshape(sh[:axis] + (n_groups, width) + sh[axis + 1 :])
+  y = jax.lax.slice_in_dim(y, 0, cols, axis=axis + 1)
+  return y.reshape(sh[:axis] + (n_groups * cols,) + sh[axis + 1 :])
 
 
 def read_rows(table, ids, *, shared: bool = False):

@@ -43,6 +43,27 @@ class PipelineShape:
   d2: Optional[int]
   width: int
   gate_mass: float = 0.0
+  dynamic: bool = True  # run each tick at the narrowest `ladder` width holding every live lane
+  cols: int = 0  # inside one tick branch: the lane columns processed (0: all W)
+
+  @property
+  def c(self) -> int:  # columns processed by this tick branch
+    return self.cols or self.width
+
+  @property
+  def ladder(self) -> tuple:
+    """The static column counts a tick may run at: 1, 2, 4, ... below W, then W (`tick.make_tick` picks the
+    smallest one >= every stage's highest live column + 1). Fixed (`dynamic=False`): W only."""
+    if not self.dynamic:
+      return (self.width,)
+    out, c = [], 1
+    while c < self.width:
+      out.append(c)
+      c *= 2
+    return tuple(out) + (self.width,)
+
+  def at_cols(self, cols: int) -> "PipelineShape":
+    return dataclasses.replace(self, cols=cols)
 
   @property
   def n_groups(self) -> int:  # G: stages (= depth groups) per request
@@ -105,6 +126,8 @@ class LoopSpecStats:
   skipped_second: jax.Array = axes_field("batch")
   live_sum: jax.Array = axes_field("batch")
   live_max: jax.Array = axes_field("batch")
+  demand_max: jax.Array = axes_field("batch")  # most spawns asked of one stage in a tick (granted or not)
+  cols_sum: jax.Array = axes_field("batch")  # lane columns computed per stage, summed over the request's ticks
 
 
 @flax.struct.dataclass
@@ -147,8 +170,8 @@ def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
 
 
-# The default table holds the worst case of the schedule when that costs at most this many lanes per request.
-MAX_DEFAULT_LANES = 256
+# The default table: the schedule's worst case per stage, capped at MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage.
+MAX_DEFAULT_STAGE_LANES = 64
 
 
 def worst_spawns(r: int, d1: int, d2: Optional[int]) -> list:
@@ -177,17 +200,20 @@ def worst_live_lanes(r: int, d1: int, d2: Optional[int]) -> int:
 def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> int:
   """Lanes per stage W: capacity / (R/d1) rounded up.
 
-  Default: the schedule's worst case (`worst_stage_lanes`), so that no spawn is ever skipped, whenever its
-  table has at most MAX_DEFAULT_LANES lanes (every R <= 8 configuration; Ouro's R = 4); otherwise 1 (single
-  proposal) or 2 (room for one branch per stage). On a compute-bound host every extra live lane costs a tick
-  rows of work (results/lanes/README.md measures W 8-16 at R = 32 at 4-5x the tick time), so the wide worst
-  case (R = 32, (2, 8): 69 lanes per stage, 1104 per request) is opt-in through `lane_capacity`."""
+  Default: the schedule's worst case (`worst_stage_lanes`, so that no spawn is ever skipped), capped at
+  MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage (64 at d1 = 1, 16 at d1 = 2, 4 at d1 = 4). Every R <= 8
+  configuration and Ouro's R = 4 get the worst case (at most 21). At R = 32 the worst case is out of reach
+  ((1, 5): 3084 per stage, (2, 8): 69) and the cap sits above the most spawns one stage was asked for on the
+  bundled tiny-raven's sweep prompts, so none is skipped there ((1, 5): 43, (1, 4): 52, (1, 2): 45 against 64;
+  (2, 8): 7 against 16; results/lanes/epyc2-2026-12-04-dynamic). The stage demand falls with d1 faster than
+  1/d1 (fewer ticks per branch, fewer nested generations), hence d1^2. A tick computes only the columns
+  holding live lanes (`PipelineShape.ladder`), but the lane-table work of a tick (padded entry writes, the
+  [N, N] ancestry, drafting and spawning over W columns) and the speculative store (R/d1 x N entries per
+  layer) grow with W: (2, 8) at W 69 costs ~4x the tick time of W 8 for the same tokens."""
+  g = r // d1
   if capacity is None:
-    worst = worst_stage_lanes(r, d1, d2)
-    if (r // d1) * worst <= MAX_DEFAULT_LANES:
-      return worst
-    return 1 if d2 is None else 2
-  return math.ceil(capacity / (r // d1))
+    return max(1, min(worst_stage_lanes(r, d1, d2), MAX_DEFAULT_STAGE_LANES // (d1 * d1)))
+  return math.ceil(capacity / g)
 
 
 def default_capacity(r: int, d1: int, d2: Optional[int]) -> int:
@@ -245,6 +271,8 @@ def initial_state(
       skipped_second=zb,
       live_sum=zb,
       live_max=zb,
+      demand_max=zb,
+      cols_sum=zb,
   )
   return LoopSpecState(
       cache=cache,

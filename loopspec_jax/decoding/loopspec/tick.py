@@ -47,6 +47,7 @@ class Advanced(NamedTuple):
   e: jax.Array  # [B, N, E]
   logits: jax.Array  # [B, nR * W, V] float32: rows of readout r at r * W .. r * W + W - 1
   spec: object  # SpecKV
+  cols: jax.Array  # [] int32: lane columns computed this tick (a `shape.ladder` width)
 
 
 class Verified(NamedTuple):
@@ -66,115 +67,110 @@ class Drafts(NamedTuple):
 def advance(
     params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, random_init: bool
 ) -> Advanced:
-  """Moves every lane d1 recurrent steps deeper: pre (group 0), d1 core steps (all N rows), post (endpoints).
+  """Moves every lane d1 recurrent steps deeper: pre (group 0), d1 core steps, post (endpoints).
 
-  Rows are in group order (`lanes.group_rows`); prefix reads are whole-buffer batched dots.
+  Rows are in group order (`lanes.group_rows`). Only the first c columns of every stage are computed, c the
+  narrowest width of `shape.ladder` holding every live lane (`lanes.live_columns`; the other columns hold
+  no live lane), one `lax.switch` branch per width: a tick costs G * c rows of compute whatever W is. The
+  branches only read the carried buffers and return fixed-shape results (rows outside the c columns: zeros,
+  or the old states); the speculative stores are written after the switch, so XLA updates them in place.
   """
-  ln, spec, cache = st.lanes, st.spec, st.cache
+  ln, spec = st.lanes, st.spec
   g, w = shape.n_groups, shape.width
-  b, n = ln.alive.shape
+  n = ln.alive.shape[1]
   rows = L.group_rows(st.iterations, g, w)  # [N] stable id of each group-order row
-  t = cache.length
-  prefix_mask = jnp.arange(t)[None, :] < (st.length - 1)[:, None]  # [B, T]
-  anc = ln.anc[:, rows]  # [B, N rows, N ids]
-  pos = ln.pos[:, rows]
-  # pre: the W lanes of group 0 are exactly the lanes at depth 0.
-  fresh = rows[:w]
-  one = lambda kv: tuple(x[None] for x in kv)  # a single group: [1, B, KV, T or N, D]
-  pre_ctx = lambda l: L.grouped_attend(one(cache.prelude[l]), one(spec.prelude[l]), prefix_mask, anc[:, :w], cfg)
-  e0, k, v = M.pre(params, ln.token[:, fresh], pos[:, :w], None, pre_ctx, cfg)
-  prelude = spec.prelude
-  for l in range(k.shape[0]):
-    prelude = L.write_rows(prelude, l, None, kvcache.ordered(fresh, e0, n), k[l], v[l])
-  noise = common.state_noise(sp, pos[:, :w], cfg) if random_init else None
-  s0 = M.initial_state(e0, cfg, noise)
-  s = ln.s[:, rows].at[:, :w].set(s0.astype(ln.s.dtype))
-  e = ln.e[:, rows].at[:, :w].set(e0.astype(ln.e.dtype))
-  # d1 core steps; only the first stage column when no lane lives in the others (no open branch). The
-  # speculative store is read inside the branch and written after it, so XLA updates it in place.
-  steps = lambda cols: functools.partial(core_steps, params, cache, spec.core, prefix_mask, cfg, shape, cols)
-  if w > 1:
-    branch_alive = jnp.any(ln.alive.reshape(b, g, w)[:, :, 1:])
-    s, ks, vs = jax.lax.cond(branch_alive, steps(w), steps(1), s, e, pos, anc)
+  widths = shape.ladder
+  branches = [functools.partial(compute_cols, params, st, sp, cfg, shape.at_cols(c), random_init) for c in widths]
+  s_go, e_go = ln.s[:, rows], ln.e[:, rows]
+  if len(widths) == 1:
+    e0, pre_kv, s, core_kv, logits, coda_kv = branches[0](s_go, e_go)
+    cols = jnp.int32(w)
   else:
-    s, ks, vs = steps(w)(s, e, pos, anc)
+    need = L.live_columns(ln.alive, w)
+    branch = jnp.minimum(jnp.sum(jnp.asarray(widths, jnp.int32) < need), len(widths) - 1)
+    e0, pre_kv, s, core_kv, logits, coda_kv = jax.lax.switch(branch, branches, s_go, e_go)
+    cols = jnp.asarray(widths, jnp.int32)[branch]
+  fresh = rows[:w]
+  prelude = spec.prelude
+  for l in range(pre_kv[0].shape[0]):
+    prelude = L.write_rows(prelude, l, None, kvcache.ordered(fresh, e0, n), pre_kv[0][l], pre_kv[1][l])
+  e = e_go.at[:, :w].set(e0.astype(ln.e.dtype))
   core = spec.core
   row_group = jnp.arange(n) // w
-  for i, (k, v) in enumerate(zip(ks, vs)):
+  for i, (k, v) in enumerate(zip(*core_kv)):
     core = L.write_rows(core, i, row_group, kvcache.ordered(rows, s, n), k, v)
-  # post on the endpoint rows only, each readout reading its own coda cache; the rows of the other lane
-  # columns only while one of their lanes is at an endpoint.
   ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(w)], jnp.int32)
-  n_r = len(shape.readouts)
-  readout = lambda cols: functools.partial(post_endpoints, params, cache, spec.coda, prefix_mask, cfg, shape, cols)
-  if w > 1:
-    at_end = ln.alive[:, rows[ends]].reshape(b, n_r, w)
-    logits, k, v = jax.lax.cond(jnp.any(at_end[:, :, 1:]), readout(w), readout(1), s, pos, anc)
-  else:
-    logits, k, v = readout(w)(s, pos, anc)
   coda = spec.coda
-  readout_of_row = jnp.repeat(jnp.arange(n_r, dtype=jnp.int32), w)
-  for l in range(k.shape[0]):
-    coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), k[l], v[l])
+  readout_of_row = jnp.repeat(jnp.arange(len(shape.readouts), dtype=jnp.int32), w)
+  for l in range(coda_kv[0].shape[0]):
+    coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), coda_kv[0][l], coda_kv[1][l])
   back = rows  # the row permutation is an involution: the same gather returns to stage order
-  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=spec.replace(prelude=prelude, core=core, coda=coda))
+  new_spec = spec.replace(prelude=prelude, core=core, coda=coda)
+  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=new_spec, cols=cols)
 
 
-def core_steps(
-    params, cache, spec_core, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, e, pos, anc
+def widen(x, axis: int, parts: int, cols: int, width: int):
+  """x's axis `axis` of parts * cols rows (part p's rows at p * cols ..) padded with zeros to parts * width."""
+  if cols == width:
+    return x
+  sh = x.shape
+  y = x.reshape(sh[:axis] + (parts, cols) + sh[axis + 1 :])
+  pad = [(0, 0)] * (axis + 1) + [(0, width - cols)] + [(0, 0)] * (x.ndim - axis - 1)
+  return jnp.pad(y, pad).reshape(sh[:axis] + (parts * width,) + sh[axis + 1 :])
+
+
+def compute_cols(
+    params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, random_init, s, e
 ):
-  """d1 core steps of the lanes in the first `cols` columns of every stage (rows in group order).
+  """The model compute of one tick on the first c = `shape.c` columns of every stage (a `lax.switch` branch).
 
-  s, e [B, N, E], pos [B, N], anc [B, N, N]. Sub-step j of group g is recurrent step g * d1 + j: the lanes of
-  all groups read cache block (j, l) and speculative block (j, l) whole in one batched dot. Returns (s [B, N, E]
-  with the processed rows updated, new entries k, v per (j, l) block [B, N, KV, D]; rows outside the columns
-  get zeros, written under ids that no live lane reads).
-  """
-  g, w = shape.n_groups, shape.width
-  b, n = pos.shape
-  sub = lambda x: x.reshape((b, g, w) + x.shape[2:])[:, :, :cols].reshape((b, g * cols) + x.shape[2:])
-  full = lambda x: (
-      x
-      if cols == w
-      else jnp.zeros((b, g, w) + x.shape[2:], x.dtype)
-      .at[:, :, :cols]
-      .set(x.reshape((b, g, cols) + x.shape[2:]))
-      .reshape((b, n) + x.shape[2:])
+  s, e [B, N, E] in group order. The speculative stores and the ancestry are read cut to those columns' ids
+  (`lanes.id_columns`), so the reads and the rows both scale with c. Returns, padded to W columns: (e0
+  [B, W, E], pre (k, v) [L, B, W, KV, D], s [B, N, E] (rows outside the columns unchanged), core (k, v) lists
+  of [B, N, KV, D], logits [B, nR * W, V] float32, coda (k, v) [L, B, nR * W, KV, D]); padded rows are zeros,
+  written under ids of dead lanes, which nothing reads."""
+  ln, spec, cache = st.lanes, st.spec, st.cache
+  g, w, c = shape.n_groups, shape.width, shape.c
+  b = ln.alive.shape[0]
+  rows = L.group_rows(st.iterations, g, w, c)  # [G * c]
+  cut = lambda kv, axis: tuple(L.id_columns(x, g, w, c, axis) for x in kv)
+  prefix_mask = jnp.arange(cache.length)[None, :] < (st.length - 1)[:, None]  # [B, T]
+  anc = L.id_columns(ln.anc[:, rows], g, w, c, 2)  # [B, G * c rows, G * c ids]
+  pos = ln.pos[:, rows]
+  sub = lambda x: x.reshape((b, g, w) + x.shape[2:])[:, :, :c].reshape((b, g * c) + x.shape[2:])
+  # pre: the c lanes of group 0 are exactly the lanes at depth 0.
+  one = lambda kv: tuple(x[None] for x in kv)  # a single group: [1, B, KV, T or N, D]
+  pre_ctx = lambda l: L.grouped_attend(
+      one(cache.prelude[l]), one(cut(spec.prelude[l], 2)), prefix_mask, anc[:, :c], cfg
   )
-  x, e_c, pos_c, anc_c = sub(s), sub(e), sub(pos), sub(anc)
+  e0, pk, pv = M.pre(params, ln.token[:, rows[:c]], pos[:, :c], None, pre_ctx, cfg)
+  noise = common.state_noise(sp, pos[:, :c], cfg) if random_init else None
+  s0 = M.initial_state(e0, cfg, noise)
+  x = sub(s).at[:, :c].set(s0.astype(s.dtype))
+  e_c = sub(e).at[:, :c].set(e0.astype(e.dtype))
   ks, vs = [], []
   for j in range(shape.d1):
     ctx = lambda l: L.grouped_attend(
-        cache.core[j * cfg.n_core + l], spec_core[j * cfg.n_core + l], prefix_mask, anc_c, cfg
+        cache.core[j * cfg.n_core + l], cut(spec.core[j * cfg.n_core + l], 3), prefix_mask, anc, cfg
     )
-    x, k, v = M.core_step(params, x, e_c, pos_c, None, ctx, cfg)
-    ks += [full(k[l]) for l in range(k.shape[0])]
-    vs += [full(v[l]) for l in range(v.shape[0])]
-  if cols < w:
-    x = s.reshape((b, g, w) + s.shape[2:]).at[:, :, :cols].set(x.reshape((b, g, cols) + x.shape[2:]))
-    x = x.reshape(s.shape)
-  return x, ks, vs
-
-
-def post_endpoints(
-    params, cache, spec_coda, prefix_mask, cfg: ModelConfig, shape: PipelineShape, cols: int, s, pos, anc
-):
-  """Coda and LM head of the lanes at the readout depths, in the first `cols` columns (rows in group order).
-
-  s [B, N, E], pos [B, N], anc [B, N, N]. Returns (logits [B, nR * W, V] float32, coda k, v [L, B, nR * W, KV,
-  D]) with readout r's rows at r * W .. r * W + W - 1; rows outside the columns get zeros (their lanes are
-  dead: nothing reads their logits or their entries)."""
-  w, n_r = shape.width, len(shape.readouts)
-  ends = jnp.asarray([gr * w + i for gr in shape.endpoint_groups for i in range(cols)], jnp.int32)
-  ctx = lambda l: L.grouped_attend(cache.coda[l], spec_coda[l], prefix_mask, anc[:, ends], cfg)
-  logits, k, v = M.post(params, s[:, ends], pos[:, ends], None, ctx, cfg)
-  if cols == w:
-    return logits, k, v
-  widen = lambda x, axis: jnp.pad(
-      x.reshape(x.shape[:axis] + (n_r, cols) + x.shape[axis + 1 :]),
-      [(0, 0)] * (axis + 1) + [(0, w - cols)] + [(0, 0)] * (x.ndim - axis - 1),
-  ).reshape(x.shape[:axis] + (n_r * w,) + x.shape[axis + 1 :])
-  return widen(logits, 1), widen(k, 2), widen(v, 2)
+    x, k, v = M.core_step(params, x, e_c, pos, None, ctx, cfg)
+    ks += [widen(k[l], 1, g, c, w) for l in range(k.shape[0])]
+    vs += [widen(v[l], 1, g, c, w) for l in range(v.shape[0])]
+  # post on the endpoint rows only, each readout reading its own coda cache.
+  n_r = len(shape.readouts)
+  ends = jnp.asarray([gr * c + i for gr in shape.endpoint_groups for i in range(c)], jnp.int32)
+  ctx = lambda l: L.grouped_attend(cache.coda[l], cut(spec.coda[l], 3), prefix_mask, anc[:, ends], cfg)
+  logits, ck, cv = M.post(params, x[:, ends], pos[:, ends], None, ctx, cfg)
+  if c < w:
+    x = s.reshape((b, g, w) + s.shape[2:]).at[:, :, :c].set(x.reshape((b, g, c) + x.shape[2:])).reshape(s.shape)
+  return (
+      widen(e0, 1, 1, c, w),
+      (widen(pk, 2, 1, c, w), widen(pv, 2, 1, c, w)),
+      x,
+      (ks, vs),
+      widen(logits, 1, n_r, c, w),
+      (widen(ck, 2, n_r, c, w), widen(cv, 2, n_r, c, w)),
+  )
 
 
 def distributions(logits, sp: common.SamplingParams):
@@ -301,7 +297,7 @@ def spawn(
 ):
   """New lanes into the new stage (the rows the root's stage frees): children of surviving proposers, first
   proposals first; or, when no child was kept, a restart carrying y from depth 0. Returns (lanes,
-  skipped_first, skipped_second, gate_evals, gate_opens)."""
+  skipped_first, skipped_second, spawns asked)."""
   g, w = shape.n_groups, shape.width
   b, n = survive.shape
   bi = jnp.arange(b)[:, None]
@@ -337,10 +333,11 @@ def spawn(
   )
   skipped1 = jnp.sum(want1 & ~granted1, axis=1)
   skipped2 = jnp.sum(want2 & ~granted2, axis=1)
-  return lanes, skipped1, skipped2
+  demand = jnp.sum(want1, axis=1) + jnp.sum(want2, axis=1)
+  return lanes, skipped1, skipped2, demand
 
 
-def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2):
+def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2, demand, cols):
   """Per-request counters after one tick."""
   active = ~st.done
   live = jnp.sum(st.lanes.alive & active[:, None], axis=1)
@@ -359,6 +356,8 @@ def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, op
       skipped_second=ss.skipped_second + skipped2,
       live_sum=ss.live_sum + live,
       live_max=jnp.maximum(ss.live_max, live),
+      demand_max=jnp.maximum(ss.demand_max, demand),
+      cols_sum=ss.cols_sum + c(active) * cols,
   )
 
 
@@ -383,14 +382,14 @@ def make_tick(
     survive, kept_found = prune(st.lanes, ver, done)
     ln, dr = draft(st, adv, dist, sp, shape, greedy, ver.q_read)
     ln = ln.replace(s=adv.s, e=adv.e)
-    lanes, skipped1, skipped2 = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
+    lanes, skipped1, skipped2, demand = spawn(st, ln, survive, kept_found, ver, dr, st.length, done, shape)
     rows = L.group_rows(st.iterations, shape.n_groups, w)
     if shape.d2 is not None:
       at_d2 = st.lanes.alive[:, rows[shape.endpoint_groups[1] * w :][:w]] & ~st.done[:, None]
     else:
       at_d2 = jnp.zeros((st.lanes.alive.shape[0], w), bool)
     source = commit_source(ver, kept_found, done & ~st.done)
-    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2)
+    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2, demand, adv.cols)
     return LoopSpecState(
         cache=cache,
         spec=adv.spec,
