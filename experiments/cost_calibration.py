@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import os
 import platform
@@ -310,4 +311,25 @@ def run_calibration(c) -> dict:
   calibrate.set_clock("wall")
   payload = write(c, rows, hws, time.perf_counter() - t0, partial=False)
   print(table(rows) + f"\n\nmedian |ratio error| {_pct(payload['summary']['median_abs_ratio_error'])}")
+  return payload
+
+
+def combine(parts: list, out: str) -> dict:
+  """One table of several runs' rows (their calibration.json, in order) into `out`/calibration.{json,md}:
+  runs of one grid made as separate commands (e.g. a larger model at fewer new tokens). Each run's own
+  README stays beside its rows; the payload lists the parts."""
+  rows, hosts, configs = [], {}, {}
+  for p in parts:
+    with open(os.path.join(p, "calibration.json")) as f:
+      d = json.load(f)
+    rows += d["rows"]
+    hosts.update(d["host"])
+    configs[p] = d["config"]
+  summ = summary(rows)
+  payload = {"parts": list(parts), "config": configs, "host": hosts, "summary": summ, "rows": rows}
+  md = (
+      table(rows) + f"\n\nmedian |ratio error| {_pct(summ['median_abs_ratio_error'])} over {len(rows)} rows; past 25%: "
+  )
+  md += ", ".join(summ["ratio_rows_over_25pct"]) or "none"
+  common.write_report(out, "calibration", payload, md)
   return payload

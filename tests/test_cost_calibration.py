@@ -42,6 +42,9 @@ def test_calibration_writes_consistent_rows(tmp_path):
   for part in ("host:", "date:", "command:", "median |ratio error|", "Rooflines", "product shapes timed"):
     assert part in readme
   assert os.path.exists(tmp_path / "calibration.md")
+  both = cost_calibration.combine([str(tmp_path), str(tmp_path)], str(tmp_path / "all"))
+  assert both["rows"] == rows + rows and both["summary"]["rows"] == 2 * len(rows)
+  assert "median |ratio error|" in open(tmp_path / "all" / "calibration.md").read()
 
 
 def _cost(flops_rows, nbytes, ops):

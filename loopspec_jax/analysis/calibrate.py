@@ -173,11 +173,13 @@ MAX_COPIES = 32  # distinct copies of a timed product's larger operand (bounds t
 MAX_COPY_BYTES = 64e6  # and their bytes (twice this host's L3: the DRAM regime)
 
 
-def _dot_fn(sig: str, footprint: float = 0.0, unroll: int = 4):
+def _dot_fn(sig: str, footprint: float = 0.0, unroll: int = 4, pool: Optional[dict] = None):
   """(callable, products per call): dependent products of this very shape in a loop (the smaller operand
   perturbed by the previous result so nothing is hoisted). The larger operand (the weight, or the KV cache of
   an attention product) cycles through distinct copies totalling about `footprint` bytes, so that it comes
-  from the cache level it comes from in the decode loop (0: one copy, in the caches)."""
+  from the cache level it comes from in the decode loop (0: one copy, in the caches). `pool`: copies shared
+  between the products of one calibration (keyed by shape, dtype and count: a model's many products of one
+  weight shape hold one set of copies, not one each)."""
   (ldt, ldims), (rdt, rdims), dn = parse_signature(sig)
   lhs = jnp.ones(ldims, _JNP_DTYPES.get(ldt, jnp.float32))
   rhs = jax.random.normal(jax.random.PRNGKey(1), rdims, jnp.float32).astype(_JNP_DTYPES.get(rdt, jnp.float32))
@@ -187,7 +189,11 @@ def _dot_fn(sig: str, footprint: float = 0.0, unroll: int = 4):
   big = rhs if small_lhs else lhs
   nbytes = float(big.size * big.dtype.itemsize)
   copies = int(max(1, min(MAX_COPIES, round(footprint / nbytes), MAX_COPY_BYTES // max(nbytes, 1.0))))
-  bigs = [big] + [big + jnp.asarray(1e-3 * i, big.dtype) for i in range(1, copies)]
+  pool = {} if pool is None else pool
+  key = (tuple(big.shape), str(big.dtype), copies)
+  if key not in pool:
+    pool[key] = [big] + [big + jnp.asarray(1e-3 * i, big.dtype) for i in range(1, copies)]
+  bigs = pool[key]
   per_body = max(unroll, copies)
   iters = int(max(8, min(1000, 5e7 / max(flops * per_body, 1.0))))
 
@@ -230,8 +236,9 @@ def host_fns(cfg, working_sets, rows: Sequence[int], signatures: Sequence[str] =
     fns[("flops", int(m))], work[("flops", int(m))] = _product_loop(m, k, n, dtype, iters), 2.0 * m * k * n * iters
   fns[("op",)], work[("op",)] = _op_loop()
   fns[("trans",)], work[("trans",)] = _transcendental_loop(16, n)
+  pool = {}
   for sig in signatures:
-    fns[("dot", sig)], work[("dot", sig)] = _dot_fn(sig, dot_footprint(sig, by_cat))
+    fns[("dot", sig)], work[("dot", sig)] = _dot_fn(sig, dot_footprint(sig, by_cat), pool=pool)
   return fns, work
 
 
