@@ -11,7 +11,8 @@ iteration from its optimised HLO with `hardware.Hardware.step_seconds`, run the 
   predicted_ratio / measured_ratio  speed against AR of the same model, context and sampling:
                                   (AR seconds per token) / (method seconds per token); > 1 is faster
   ratio_error                     predicted_ratio / measured_ratio - 1
-  terms_ms                        the prediction's memory / compute / per-op terms
+  terms_ms                        the prediction's memory / compute (products) / vector (transcendentals) /
+                                  per-op terms
   wrong_term                      for a row whose ratio misses: the one term which, scaled by `factor` in this
                                   loop and AR's alike, would close the miss (which term is wrong, by how much)
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import os
 import platform
@@ -85,7 +87,7 @@ def fit_overhead(hw, ar_step, ws, ar_seconds: float):
   memory and compute terms) / AR's ops, at least the microbenchmark's (kept in `source`). The other methods'
   iterations, and so every ratio, stay predictions."""
   t = hw.terms(ar_step, ws)
-  fitted = max((ar_seconds - t["memory_s"] - t["compute_s"]) / max(ar_step.ops, 1.0), hw.op_overhead_s)
+  fitted = max((ar_seconds - t["total_s"] + t["overhead_s"]) / max(ar_step.ops, 1.0), hw.op_overhead_s)
   src = (
       f"{hw.source}; per-op fitted on AR's loop: {fitted * 1e9:.0f} ns (microbenchmark {hw.op_overhead_s * 1e9:.0f} ns)"
   )
@@ -102,7 +104,7 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
     steps[spec] = cost.analyze_hlo(loops[spec].hlo, loops[spec].kv_dims, loops[spec].slot_bytes)
   ws = working_sets(model.config, context)
   sigs = shapes_to_time(steps.values(), c.get("timed_shapes", 0))
-  fns, work = calibrate.host_fns(model.config, list(ws.values()), tuple(c.rows), sigs)
+  fns, work = calibrate.host_fns(model.config, ws, tuple(c.rows), sigs)
   measured, host_secs = calibrate.measure_runs(loops, c.repeats, fns, c.get("stat", "median"))
   hw = calibrate.hardware_from(host_secs, work)
   if c.get("overhead_from", "microbenchmark") == "ar":
@@ -129,6 +131,7 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
             "unknown_trip_counts": step.unknown_trip_counts,
             "flops_by_rows": {str(k): v for k, v in step.flops_by_rows.items()},
             "flops": step.flops,
+            "transcendentals": step.transcendentals,
             "bytes": step.total_bytes,
             "working_set_bytes": ws["kv"],
             "working_sets": ws,
@@ -146,7 +149,7 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
   return rows, hw
 
 
-TERMS = ("memory", "compute", "overhead")
+TERMS = ("memory", "compute", "vector", "overhead")
 
 
 def wrong_term(row: dict, ar: dict) -> dict:
@@ -158,7 +161,7 @@ def wrong_term(row: dict, ar: dict) -> dict:
   target = ar["measured_ms"] / row["measured_ms"]
   best = {}
   for t in TERMS:
-    a_t, m_t = ar["terms_ms"][f"{t}_ms"], row["terms_ms"][f"{t}_ms"]
+    a_t, m_t = ar["terms_ms"].get(f"{t}_ms", 0.0), row["terms_ms"].get(f"{t}_ms", 0.0)
     a_o, m_o = ar["predicted_ms"] - a_t, row["predicted_ms"] - m_t
     den = a_t - target * m_t
     if abs(den) < 1e-12:
@@ -172,7 +175,7 @@ def wrong_term(row: dict, ar: dict) -> dict:
 def which_term(row: dict) -> str:
   """The dominant term of the prediction."""
   t = row["terms_ms"]
-  return max(TERMS, key=lambda k: t[f"{k}_ms"])
+  return max(TERMS, key=lambda k: t.get(f"{k}_ms", 0.0))
 
 
 def _wrong_cell(r: dict) -> str:
@@ -202,14 +205,15 @@ def roofline_notes(rows: list) -> list:
 
 def table(rows: list) -> str:
   heads = ["model", "ctx", "sampling", "method", "tok/iter", "pred ms", "meas ms", "iter err", "pred x AR"]
-  heads += ["meas x AR", "ratio err", "dominant term (mem/comp/op ms)", "miss: term x factor closing it"]
+  heads += ["meas x AR", "ratio err", "dominant term (mem/comp/vec/op ms)", "miss: term x factor closing it"]
   lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
   for r in rows:
     t = r["terms_ms"]
     cells = [r["model"], str(r["context"]), r["sampling"], r["method"], f"{r['tokens_per_iteration']:.2f}"]
     cells += [f"{r['predicted_ms']:.3g}", f"{r['measured_ms']:.3g}", f"{100 * r['iteration_error']:+.0f}%"]
     cells += [f"{r['predicted_ratio']:.2f}", f"{r['measured_ratio']:.2f}", f"{100 * r['ratio_error']:+.0f}%"]
-    cells += [f"{which_term(r)} ({t['memory_ms']:.3g}/{t['compute_ms']:.3g}/{t['overhead_ms']:.3g})", _wrong_cell(r)]
+    split = "/".join(f"{t.get(f'{k}_ms', 0.0):.3g}" for k in TERMS)
+    cells += [f"{which_term(r)} ({split})", _wrong_cell(r)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -259,7 +263,8 @@ def readme(c, summ: dict, hws: dict, seconds: float, rows: list = ()) -> str:
     bw = ", ".join(f"{s / 1e6:.3g} MB: {b / 1e9:.3g} GB/s" for s, b in hw.bandwidth_at_bytes)
     pm = ", ".join(f"M={m}: {f / 1e9:.3g}" for m, f in hw.flops_at_rows)
     lines.append(
-        f"- {label}: bandwidth {bw}; GFLOP/s {pm}; per-op {hw.op_overhead_s * 1e9:.0f} ns; "
+        f"- {label}: bandwidth {bw}; GFLOP/s {pm}; transcendentals {hw.transcendental_rate / 1e9:.3g} G/s; "
+        f"per-op {hw.op_overhead_s * 1e9:.0f} ns; "
         f"{len(hw.dot_seconds)} product shapes timed (calibration.json `host`)"
     )
   lines += ["", "Rooflines (AR >= 80% of the bandwidth bound; a LoopSpec tick within 1.5x of the model's time):", ""]
@@ -306,4 +311,25 @@ def run_calibration(c) -> dict:
   calibrate.set_clock("wall")
   payload = write(c, rows, hws, time.perf_counter() - t0, partial=False)
   print(table(rows) + f"\n\nmedian |ratio error| {_pct(payload['summary']['median_abs_ratio_error'])}")
+  return payload
+
+
+def combine(parts: list, out: str) -> dict:
+  """One table of several runs' rows (their calibration.json, in order) into `out`/calibration.{json,md}:
+  runs of one grid made as separate commands (e.g. a larger model at fewer new tokens). Each run's own
+  README stays beside its rows; the payload lists the parts."""
+  rows, hosts, configs = [], {}, {}
+  for p in parts:
+    with open(os.path.join(p, "calibration.json")) as f:
+      d = json.load(f)
+    rows += d["rows"]
+    hosts.update(d["host"])
+    configs[p] = d["config"]
+  summ = summary(rows)
+  payload = {"parts": list(parts), "config": configs, "host": hosts, "summary": summ, "rows": rows}
+  md = (
+      table(rows) + f"\n\nmedian |ratio error| {_pct(summ['median_abs_ratio_error'])} over {len(rows)} rows; past 25%: "
+  )
+  md += ", ".join(summ["ratio_rows_over_25pct"]) or "none"
+  common.write_report(out, "calibration", payload, md)
   return payload

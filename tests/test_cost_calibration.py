@@ -30,7 +30,9 @@ def test_calibration_writes_consistent_rows(tmp_path):
     assert r["ratio_error"] == pytest.approx(r["predicted_ratio"] / r["measured_ratio"] - 1)
     assert r["iteration_error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
     terms = r["terms_ms"]
-    assert terms["total_ms"] == pytest.approx(terms["memory_ms"] + terms["compute_ms"] + terms["overhead_ms"])
+    parts = ("memory_ms", "compute_ms", "vector_ms", "overhead_ms")
+    assert terms["total_ms"] == pytest.approx(sum(terms[k] for k in parts))
+    assert r["transcendentals"] >= 0
     assert "wrong_term" in r and len(r["measured_ms_all"]) == c.repeats
   ar = rows[0]
   assert ar["predicted_ratio"] == pytest.approx(1.0) and ar["measured_ratio"] == pytest.approx(1.0)
@@ -40,6 +42,9 @@ def test_calibration_writes_consistent_rows(tmp_path):
   for part in ("host:", "date:", "command:", "median |ratio error|", "Rooflines", "product shapes timed"):
     assert part in readme
   assert os.path.exists(tmp_path / "calibration.md")
+  both = cost_calibration.combine([str(tmp_path), str(tmp_path)], str(tmp_path / "all"))
+  assert both["rows"] == rows + rows and both["summary"]["rows"] == 2 * len(rows)
+  assert "median |ratio error|" in open(tmp_path / "all" / "calibration.md").read()
 
 
 def _cost(flops_rows, nbytes, ops):
@@ -96,3 +101,25 @@ def test_dot_signature_of_compiled_products():
   lhs, rhs, dn = calibrate.parse_signature(sig)
   assert lhs[0] == rhs[0] == "f32" and sorted([lhs[1], rhs[1]]) == [(2, 16), (16, 16)]
   assert step.dot_shapes[sig] == (2.0 * 2 * 16 * 16, 2)
+
+
+def test_transcendentals_counted_per_kernel_and_bound_by_their_rate():
+  import jax
+  import jax.numpy as jnp
+
+  f = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda _, x: jnp.tanh(x) * jnp.exp(x), x))
+  step = cost.analyze_hlo(f.lower(jnp.ones((4, 32))).compile().as_text())
+  assert step.transcendentals == 2 * 4 * 32  # tanh and exp over [4, 32] in one fused kernel
+  hw = hardware.Hardware("x", bandwidth=1e12, peak_flops=1e12, transcendental_rate=256.0)
+  assert hw.terms(step)["vector_s"] == pytest.approx(1.0)  # 256 elements at 256 per second
+  assert hardware.Hardware("x", bandwidth=1e12, peak_flops=1e12).terms(step)["vector_s"] == 0.0
+  fn, elements = calibrate._transcendental_loop(2, 8, iters=3)
+  assert elements > 0 and float(fn().sum()) == float(fn().sum())
+
+
+def test_products_timed_over_their_footprint():
+  sig = "f32[1,16]xf32[16,32];lc=1;rc=0;lb=;rb="
+  assert calibrate.dot_footprint(sig, {"weights": 1e6, "kv": 9e6}) == 1e6
+  assert calibrate.dot_footprint("f32[2,1,8]xf32[2,8,4];lc=2;rc=1;lb=0;rb=0", {"weights": 1e6, "kv": 9e6}) == 9e6
+  fn, n = calibrate._dot_fn(sig, footprint=8 * 16 * 32 * 4)  # eight distinct copies of the weight
+  assert n % 8 == 0 and float(fn()) == float(fn())

@@ -9,6 +9,8 @@ host dispatch of one call is spread over many iterations):
   P(M)              a product [M, K] x [K, N] at the model's own K = hidden size, N = MLP size, for each M;
   per-op overhead   a loop body of tiny dependent products (one kernel each): seconds per iteration divided
                     by the ops `hlo_cost` counts in that body (the same count the prediction multiplies);
+  transcendentals   a loop body of SiLU / exp(-x^2) / tanh over [16, N] (a softmax's or an MLP's vector work):
+                    transcendental elements (as `hlo_cost` counts them in that body) per second;
   product shapes    every distinct product of a loop body (`hlo_cost.dot_signature`), timed at that shape
                     with its operands in the caches (`dot_seconds`; the bytes side stays BW(S)).
 
@@ -135,6 +137,24 @@ def _op_loop(chain: int = 16, iters: int = 2000):
   return (lambda: run(x, w)), ops * iters
 
 
+def _transcendental_loop(rows: int, n: int, iters: int = 200):
+  """(callable, transcendental elements per call): a loop body of elementwise transcendentals over [rows, n]
+  (SiLU, exp(-x^2), tanh: the vector work of an MLP, a softmax, a gate), counted by `hlo_cost` in its body."""
+
+  def f(x):
+    def body(_, x):
+      for _ in range(2):
+        x = jnp.tanh(jnp.exp(-x * x) * jax.nn.silu(x) + 0.5)
+      return x
+
+    return jax.lax.fori_loop(0, iters, body, x)
+
+  x = jnp.linspace(-1.0, 1.0, rows * n, dtype=jnp.float32).reshape(rows, n)
+  run = jax.jit(f)
+  elements = hlo_cost.analyze_hlo(run.lower(x).compile().as_text()).transcendentals
+  return (lambda: run(x)), elements * iters
+
+
 def parse_signature(sig: str):
   """(lhs (dtype, dims), rhs (dtype, dims), dimension_numbers) of a `hlo_cost.dot_signature`."""
   shapes, *dn = sig.split(";")
@@ -149,34 +169,62 @@ def parse_signature(sig: str):
 _JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "s32": jnp.int32, "f64": jnp.float64}
 
 
-def _dot_fn(sig: str, unroll: int = 4):
-  """(callable, products per call): `unroll` dependent products of this very shape per loop iteration (the
-  smaller operand perturbed by the previous result so nothing is hoisted; both operands stay in the caches)."""
+MAX_COPIES = 32  # distinct copies of a timed product's larger operand (bounds the compile)
+MAX_COPY_BYTES = 64e6  # and their bytes (twice this host's L3: the DRAM regime)
+
+
+def _dot_fn(sig: str, footprint: float = 0.0, unroll: int = 4, pool: Optional[dict] = None):
+  """(callable, products per call): dependent products of this very shape in a loop (the smaller operand
+  perturbed by the previous result so nothing is hoisted). The larger operand (the weight, or the KV cache of
+  an attention product) cycles through distinct copies totalling about `footprint` bytes, so that it comes
+  from the cache level it comes from in the decode loop (0: one copy, in the caches). `pool`: copies shared
+  between the products of one calibration (keyed by shape, dtype and count: a model's many products of one
+  weight shape hold one set of copies, not one each)."""
   (ldt, ldims), (rdt, rdims), dn = parse_signature(sig)
   lhs = jnp.ones(ldims, _JNP_DTYPES.get(ldt, jnp.float32))
   rhs = jax.random.normal(jax.random.PRNGKey(1), rdims, jnp.float32).astype(_JNP_DTYPES.get(rdt, jnp.float32))
   flops = 2.0 * float(np.prod(ldims)) * float(np.prod(rdims)) / max(float(np.prod([ldims[i] for i in dn[0][0]])), 1)
   flops /= max(float(np.prod([ldims[i] for i in dn[1][0]])), 1.0)
-  iters = int(max(8, min(1000, 5e7 / max(flops * unroll, 1.0))))
-
   small_lhs = lhs.size <= rhs.size  # perturb the smaller operand: its update is not part of the product
+  big = rhs if small_lhs else lhs
+  nbytes = float(big.size * big.dtype.itemsize)
+  copies = int(max(1, min(MAX_COPIES, round(footprint / nbytes), MAX_COPY_BYTES // max(nbytes, 1.0))))
+  pool = {} if pool is None else pool
+  key = (tuple(big.shape), str(big.dtype), copies)
+  if key not in pool:
+    pool[key] = [big] + [big + jnp.asarray(1e-3 * i, big.dtype) for i in range(1, copies)]
+  bigs = pool[key]
+  per_body = max(unroll, copies)
+  iters = int(max(8, min(1000, 5e7 / max(flops * per_body, 1.0))))
 
   @jax.jit
-  def run(lhs, rhs):
+  def run(small, bigs):
     def body(_, c):
-      for _ in range(unroll):
-        a, b = (lhs + c.astype(lhs.dtype), rhs) if small_lhs else (lhs, rhs + c.astype(rhs.dtype))
-        c = jax.lax.dot_general(a, b, dn).reshape(-1)[0].astype(jnp.float32) * 1e-30
+      for i in range(per_body):
+        a = small + c.astype(small.dtype)
+        x, y = (a, bigs[i % copies]) if small_lhs else (bigs[i % copies], a)
+        c = jax.lax.dot_general(x, y, dn).reshape(-1)[0].astype(jnp.float32) * 1e-30
       return c
 
     return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
 
-  return (lambda: run(lhs, rhs)), iters * unroll
+  small = lhs if small_lhs else rhs
+  return (lambda: run(small, bigs)), iters * per_body
 
 
-def host_fns(cfg, working_sets: Sequence[float], rows: Sequence[int], signatures: Sequence[str] = ()) -> tuple:
+def dot_footprint(sig: str, working_sets: dict) -> float:
+  """The bytes a product's larger operand cycles through in the loop: a batched product (attention over
+  the cache) the whole working set (`kv`), any other (a weight) the weights re-read every step."""
+  batched = "lb=;" not in sig
+  return float(working_sets.get("kv" if batched else "weights", 0.0))
+
+
+def host_fns(cfg, working_sets, rows: Sequence[int], signatures: Sequence[str] = ()) -> tuple:
   """(callables, work per call) of every host microbenchmark at cfg's shapes, keyed ("bw", bytes),
-  ("flops", M), ("op",), ("dot", signature): what `hardware_from` turns into a `Hardware`."""
+  ("flops", M), ("op",), ("trans",), ("dot", signature): what `hardware_from` turns into a `Hardware`.
+  working_sets: bytes, or {category: bytes} (then products are timed at their footprint, `dot_footprint`)."""
+  by_cat = dict(working_sets) if isinstance(working_sets, dict) else {}
+  working_sets = list(by_cat.values()) if by_cat else list(working_sets)
   dtype = "float32" if cfg.dtype == "float32" else cfg.dtype
   k, n = cfg.hidden_size, cfg.intermediate_size
   fns, work = {}, {}
@@ -187,8 +235,10 @@ def host_fns(cfg, working_sets: Sequence[float], rows: Sequence[int], signatures
     iters = max(4, int(2e8 / (2 * m * k * n)))
     fns[("flops", int(m))], work[("flops", int(m))] = _product_loop(m, k, n, dtype, iters), 2.0 * m * k * n * iters
   fns[("op",)], work[("op",)] = _op_loop()
+  fns[("trans",)], work[("trans",)] = _transcendental_loop(16, n)
+  pool = {}
   for sig in signatures:
-    fns[("dot", sig)], work[("dot", sig)] = _dot_fn(sig)
+    fns[("dot", sig)], work[("dot", sig)] = _dot_fn(sig, dot_footprint(sig, by_cat), pool=pool)
   return fns, work
 
 
@@ -207,6 +257,7 @@ def hardware_from(secs: dict, work: dict) -> Hardware:
       flops_at_rows=prod,
       bandwidth_at_bytes=bw,
       dot_seconds=dots,
+      transcendental_rate=rate.get(("trans",), 0.0),
       source=f"measured on this host ({len(dots)} product shapes timed; per-op {over * 1e9:.0f} ns)",
   )
 

@@ -3,7 +3,7 @@
 One iteration's HLO cost (`hlo_cost.StepCost`: per kernel its bytes and its products' flops by rows M) becomes
 seconds as a sum over kernels, since the kernels of one loop body run one after the other:
 
-    t = sum_k max(sum_c bytes_k,c / BW(S_c),  sum_M flops_k,M / P(M))  +  ops x per-op overhead
+    t = sum_k max(sum_c bytes_k,c / BW(S_c),  sum_M flops_k,M / P(M),  trans_k / V)  +  ops x per-op overhead
 
   BW(S)   stream bandwidth at the working set S: a model whose bytes stay in the caches streams faster than
           one that does not (`bandwidth_at_bytes`, measured; else `bandwidth`). S may differ per byte
@@ -13,6 +13,10 @@ seconds as a sum over kernels, since the kernels of one loop body run one after 
           peak on a CPU (`flops_at_rows`, measured; else `peak_flops` at every M). Where the host timed a
           product of that very shape (`dot_seconds`, keyed by `hlo_cost.dot_signature`: the calibration times
           every product shape of the loop body), that time replaces flops / P(M).
+  V       transcendental elements per second (exp, tanh, logistic, rsqrt, divide, ...: `hlo_cost`
+          `transcendentals`): a CPU computes a softmax or a SiLU over M rows at ~1 element per ns, far below
+          its stream bandwidth (`transcendental_rate`, measured; 0: not a bound, as on an accelerator whose
+          special-function units keep up with its memory).
   ops     every kernel of the loop body (`StepCost.ops`); the per-op overhead is a kernel launch on a GPU
           (less with CUDA graphs / XLA command buffers), the loop's own dispatch cost on a CPU.
 
@@ -57,6 +61,7 @@ class Hardware:
   flops_at_rows: Tuple[Tuple[int, float], ...] = ()  # measured (rows M, FLOP/s); empty: peak at any M
   bandwidth_at_bytes: Tuple[Tuple[float, float], ...] = ()  # measured (working-set bytes, B/s); empty: bandwidth
   dot_seconds: Tuple[Tuple[str, float], ...] = ()  # measured (`hlo_cost.dot_signature`, s); else flops / P(M)
+  transcendental_rate: float = 0.0  # transcendental elements per second; 0: not a bound
   source: str = ""
 
   def throughput(self, rows: int) -> float:
@@ -92,19 +97,22 @@ class Hardware:
     return total
 
   def terms(self, cost: StepCost, working_set=None) -> dict:
-    """The iteration's time split into its terms (seconds): memory-bound kernels, compute-bound kernels,
-    per-op overhead, and the total (`step_seconds`). working_set: bytes, or bytes per category."""
+    """The iteration's time split into its terms (seconds): memory-bound kernels, product-bound kernels,
+    transcendental-bound kernels (vector), per-op overhead, and the total (`step_seconds`). working_set:
+    bytes, or bytes per category."""
     bws = self._bandwidths(working_set)
-    mem = comp = 0.0
+    out = {"memory_s": 0.0, "compute_s": 0.0, "vector_s": 0.0}
     for k in cost.kernels().values():
-      t_mem = sum(b / bws[c] for c, b in k["by_category"].items())
-      t_comp = self._compute_seconds(cost, k)
-      if t_mem >= t_comp:
-        mem += t_mem
-      else:
-        comp += t_comp
-    overhead = cost.ops * self.op_overhead_s
-    return {"memory_s": mem, "compute_s": comp, "overhead_s": overhead, "total_s": mem + comp + overhead}
+      t = {
+          "memory_s": sum(b / bws[c] for c, b in k["by_category"].items()),
+          "compute_s": self._compute_seconds(cost, k),
+          "vector_s": k.get("transcendentals", 0.0) / self.transcendental_rate if self.transcendental_rate else 0.0,
+      }
+      bound = max(t, key=t.get)
+      out[bound] += t[bound]
+    out["overhead_s"] = cost.ops * self.op_overhead_s
+    out["total_s"] = sum(out.values())
+    return out
 
   def step_seconds(self, cost: StepCost, working_set=None, mode: str = "kernels") -> float:
     """Seconds of one iteration of the loop whose cost is `cost` (module docstring; mode kernels | roofline)."""

@@ -22,6 +22,9 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
           in-place update as a whole-buffer access.
           weights = reads of loop-invariant loop inputs; kv = reads/writes of buffers with a KV-cache shape
           (the committed cache, the speculative store) or slices/gathers of them.
+  transcendentals  elements computed by transcendental ops (exp, log, tanh, logistic, rsqrt, sqrt, power,
+          sin, cos, erf, divide), fused or not, per kernel: a CPU's vector units run these far below its
+          stream bandwidth (a softmax or SiLU over M rows), an accelerator's special-function units do not.
 Copies whose operand is at least one cache slot (B x KV x T x D) are listed; "loop-carried" ones copy a
 whole loop-carried buffer (the defect of issue 9). Conditionals count their most expensive branch (by
 bytes) unless `branch="mean"`.
@@ -54,6 +57,32 @@ from loopspec_jax.analysis.hlo import (
     through_views,
 )
 
+TRANSCENDENTAL_OPS = frozenset(
+    {
+        "exponential",
+        "exponential-minus-one",
+        "log",
+        "log-plus-one",
+        "logistic",
+        "tanh",
+        "rsqrt",
+        "sqrt",
+        "cbrt",
+        "power",
+        "sine",
+        "cosine",
+        "tan",
+        "atan2",
+        "erf",
+        "divide",
+    }
+)
+
+
+def transcendental_elements(comp: Computation) -> float:
+  """Elements computed by transcendental ops in a (fused) computation."""
+  return float(sum(i.elements() for i in comp.instrs.values() if i.opcode in TRANSCENDENTAL_OPS))
+
 
 @dataclasses.dataclass
 class CopyRecord:
@@ -81,6 +110,13 @@ class StepCost:
   # (instr, `dot_signature`) -> executions per iteration; per signature (flops of one execution, rows)
   dot_items: Dict[Tuple[str, str], float] = dataclasses.field(default_factory=dict)
   dot_shapes: Dict[str, Tuple[float, int]] = dataclasses.field(default_factory=dict)
+  transcendentals: float = 0.0  # elements of transcendental ops per iteration (`TRANSCENDENTAL_OPS`)
+  trans_items: Dict[str, float] = dataclasses.field(default_factory=dict)  # kernel -> transcendental elements
+
+  def charge_transcendentals(self, elements: float, who: str):
+    if elements:
+      self.transcendentals += elements
+      self.trans_items[who] = self.trans_items.get(who, 0.0) + elements
 
   def charge(self, category: str, nbytes: float, who: str):
     self.bytes[category] += nbytes
@@ -101,7 +137,7 @@ class StepCost:
     """Per kernel (top-level instruction, executions folded in): bytes, bytes by category, {rows: flops} and
     {dot signature: executions}."""
     out: Dict[str, dict] = {}
-    new = lambda: {"bytes": 0.0, "by_category": {}, "flops": {}, "dots": {}}
+    new = lambda: {"bytes": 0.0, "by_category": {}, "flops": {}, "dots": {}, "transcendentals": 0.0}
     for (who, sig), n in self.dot_items.items():
       out.setdefault(who, new())["dots"][sig] = n
     for (who, cat), b in self.items.items():
@@ -111,6 +147,8 @@ class StepCost:
     for (who, rows), f in self.flop_items.items():
       k = out.setdefault(who, new())
       k["flops"][rows] = k["flops"].get(rows, 0.0) + f
+    for who, n in self.trans_items.items():
+      out.setdefault(who, new())["transcendentals"] += n
     return out
 
   @property
@@ -151,6 +189,9 @@ class StepCost:
     for key, n in other.dot_items.items():
       self.dot_items[key] = self.dot_items.get(key, 0.0) + mult * n
     self.dot_shapes.update(other.dot_shapes)
+    self.transcendentals += mult * other.transcendentals
+    for key, n in other.trans_items.items():
+      self.trans_items[key] = self.trans_items.get(key, 0.0) + mult * n
     self.unknown_trip_counts += other.unknown_trip_counts
     self.conditionals += other.conditionals
 
@@ -159,6 +200,7 @@ class StepCost:
         "ops": self.ops,
         "flops": self.flops,
         "flops_by_rows": {str(k): v for k, v in self.flops_by_rows.items()},
+        "transcendentals": self.transcendentals,
         "bytes": dict(self.bytes),
         "total_bytes": self.total_bytes,
         "convert_bytes": self.convert_bytes,
@@ -425,6 +467,8 @@ class HloCostModel:
     if op == "fusion":
       self._fusion(frame, ins, cost)
       return
+    if op in TRANSCENDENTAL_OPS:
+      cost.charge_transcendentals(float(ins.elements()), ins.name)
     if op in ("dot", "convolution"):
       cost.charge_flops(ins, frame.comp, ins.name)
       for o in ins.operands:
@@ -478,6 +522,7 @@ class HloCostModel:
       cost.charge(category, 2 * ins.elements() * origin.itemsize, ins.name)
       return
     has_dot = bool(ops & {"dot", "convolution"})
+    cost.charge_transcendentals(transcendental_elements(comp), ins.name)
     for i in comp.instrs.values():
       if i.opcode in ("dot", "convolution"):
         cost.charge_flops(i, comp, ins.name)
