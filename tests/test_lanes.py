@@ -108,8 +108,8 @@ def test_default_table_is_the_worst_case_up_to_the_lane_budget():
   assert state.worst_live_lanes(32, 2, 8) == 249  # the release's bound
   assert state.stage_width(8, 1, 2, None) == 21 and state.stage_width(4, 1, 2, None) == 3
   assert state.stage_width(8, 2, 4, None) == 3 and state.stage_width(8, 1, 4, None) == 5
-  assert state.stage_width(32, 1, 5, None) == state.stage_width(32, 1, 2, None) == 64  # capped at 64 / d1^2
-  assert state.stage_width(32, 2, 8, None) == 16 and state.stage_width(32, 4, 8, None) == 4  # worst: 69, 21
+  assert state.stage_width(32, 1, 5, None) == state.stage_width(32, 2, 8, None) == 2  # worst: 3084, 69
+  assert state.stage_width(32, 4, 8, None) == 21  # 8 stages x 21 <= 256
   assert state.stage_width(32, 1, None, None) == 1
   assert state.stage_width(8, 1, 2, 16) == 2  # an explicit capacity wins
 

@@ -170,8 +170,8 @@ def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
 
 
-# The default table: the schedule's worst case per stage, capped at MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage.
-MAX_DEFAULT_STAGE_LANES = 64
+# The default table holds the worst case of the schedule when that costs at most this many lanes per request.
+MAX_DEFAULT_LANES = 256
 
 
 def worst_spawns(r: int, d1: int, d2: Optional[int]) -> list:
@@ -200,19 +200,21 @@ def worst_live_lanes(r: int, d1: int, d2: Optional[int]) -> int:
 def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> int:
   """Lanes per stage W: capacity / (R/d1) rounded up.
 
-  Default: the schedule's worst case (`worst_stage_lanes`, so that no spawn is ever skipped), capped at
-  MAX_DEFAULT_STAGE_LANES / d1^2 lanes per stage (64 at d1 = 1, 16 at d1 = 2, 4 at d1 = 4). Every R <= 8
-  configuration and Ouro's R = 4 get the worst case (at most 21). At R = 32 the worst case is out of reach
-  ((1, 5): 3084 per stage, (2, 8): 69) and the cap sits above the most spawns one stage was asked for on the
-  bundled tiny-raven's sweep prompts, so none is skipped there ((1, 5): 43, (1, 4): 52, (1, 2): 45 against 64;
-  (2, 8): 7 against 16; results/lanes/epyc2-2026-12-04-dynamic). The stage demand falls with d1 faster than
-  1/d1 (fewer ticks per branch, fewer nested generations), hence d1^2. A tick computes only the columns
-  holding live lanes (`PipelineShape.ladder`), but the lane-table work of a tick (padded entry writes, the
-  [N, N] ancestry, drafting and spawning over W columns) and the speculative store (R/d1 x N entries per
-  layer) grow with W: (2, 8) at W 69 costs ~4x the tick time of W 8 for the same tokens."""
+  Default: the schedule's worst case (`worst_stage_lanes`), so that no spawn is ever skipped, whenever its
+  table has at most MAX_DEFAULT_LANES lanes (every R <= 8 configuration; Ouro's R = 4); otherwise 1 (single
+  proposal) or 2 (room for one branch per stage). A tick computes only the columns holding live lanes
+  (`PipelineShape.ladder`), but its cost follows the fullest stage, and the lane-table work (padded entry
+  writes, the [N, N] ancestry, drafting and spawning over W columns) grows with W. At R = 32 the wide table
+  gains gamma and loses wall clock on a compute-bound host (results/lanes/epyc2-2026-12-04-dynamic, tiny-raven:
+  (1, 5) at W 64 reaches its every-spawn-granted gamma 21.85 against 13.26 at W 2, at ~15x the time per token;
+  (2, 8) at W 16: gamma 14.47 against 12.84 at ~3x), so there the wide table is opt-in through `lane_capacity`
+  (W 64 = `lane_capacity=2048` at d1 = 1)."""
   g = r // d1
   if capacity is None:
-    return max(1, min(worst_stage_lanes(r, d1, d2), MAX_DEFAULT_STAGE_LANES // (d1 * d1)))
+    worst = worst_stage_lanes(r, d1, d2)
+    if g * worst <= MAX_DEFAULT_LANES:
+      return worst
+    return 1 if d2 is None else 2
   return math.ceil(capacity / g)
 
 
