@@ -28,7 +28,7 @@ from loopspec_jax.parallel.logical import axes_field
 class DecodeState:
   """The whole mutable state of a decode loop, as an explicit pytree."""
 
-  cache: kvcache.KVCache  # committed prefix, laid out with group=1 (axes declared by KVCache)
+  cache: kvcache.KVCache  # committed prefix, laid out with group=R (axes declared by KVCache)
   tokens: jax.Array = axes_field("batch", "length")  # [B, T] committed tokens (prompt + generated)
   length: jax.Array = axes_field("batch")  # [B] number of committed tokens
   n_new: jax.Array = axes_field("batch")  # [B] generated so far
@@ -41,7 +41,9 @@ def full_depth_token_step(
 ):
   """Processes one token per request at position pos [B] through every depth; returns (logits [B,V], cache).
 
-  `params` in the decode form (`looped.prepare_params`); `layout` with group=1 and one readout (depth R).
+  `params` in the decode form (`looped.prepare_params`); `layout` with group=R and one readout (depth R): the
+  R core steps are unrolled and each (step, layer) slot is its own buffer, which the attention dot reads in
+  place (a traced step index into one [R, ...] buffer per layer copies the slot out at every step).
   """
   b = tok.shape[0]
   t = cache.length
@@ -51,8 +53,13 @@ def full_depth_token_step(
   e, k, v = M.pre(params, tok[:, None], q, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
   cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(q, e, t))  # after the prelude's reads: no copy
   s = M.initial_state(e, cfg, noise)
-
-  s, cache = kvcache.run_core_steps(params, cache, layout, s, e, q, self_mask, mask, 0, cfg.recurrence, cfg)
+  entries = []
+  for i in range(cfg.recurrence):  # unrolled: step i reads its own buffers whole (layout group = R)
+    s, k, v = M.core_step(params, s, e, q, self_mask, kvcache.core_ctx(cache, layout, i, mask), cfg)
+    entries.append((k, v))
+  wq = kvcache.ordered(q, s, t)  # every step's reads precede the writes: in place, no copy
+  for i, (k, v) in enumerate(entries):
+    cache = kvcache.write_core(cache, layout, i, k, v, wq)
   logits, k, v = M.post(params, s, q, self_mask, kvcache.coda_ctx(cache, 0, mask), cfg)
   cache = kvcache.write_coda(cache, 0, k, v, kvcache.ordered(q, logits, t))
   return logits[:, 0], cache
@@ -63,7 +70,7 @@ def decode_loop(
     params, state: DecodeState, sp: common.SamplingParams, *, cfg: ModelConfig, greedy: bool, random_init: bool
 ):
   """Generates until every request is done; the loop never returns to the host."""
-  layout = kvcache.CacheLayout.of(cfg, 1)
+  layout = kvcache.CacheLayout.of(cfg, 1, cfg.recurrence)
   params = M.prepare_params(params, cfg)
 
   def body(st: DecodeState):
@@ -105,7 +112,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common
   return common.Decoder(
       name="ar",
       readout_depths=(cfg.recurrence,),
-      cache_group=1,
+      cache_group=cfg.recurrence,
       extra_positions=0,
       init=initial_state,
       loop=decode_loop,

@@ -157,9 +157,7 @@ def core_step(params, s, e, pos, self_mask, ctx_fn, cfg: ModelConfig):
 
 
 def head_matrix(params, cfg: ModelConfig):
-  """The LM head [E, V] (the decode form of `prepare_params` holds it pre-transposed as "head")."""
-  if "head" in params:
-    return params["head"]
+  """The LM head [E, V] (a tied head is the embedding transposed: a copy; `lm_head` avoids it)."""
   return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
 
 
@@ -167,15 +165,16 @@ def prepare_params(params, cfg: ModelConfig):
   """The decode form of the parameters, built once OUTSIDE a decode loop (loop-invariant layouts).
 
   Block stacks become tuples of per-layer dicts (so layers unroll and each reads its own cache buffer whole,
-  with no per-iteration weight slicing) and the LM head is materialised as [E, V] (a tied head would
-  otherwise be transposed from the embedding inside every iteration).
+  with no per-iteration weight slicing). A tied LM head stays the embedding [V, E]: `lm_head` contracts its
+  E axis in place, where a materialised [E, V] transpose costs a 4 V E-byte copy per call (the whole
+  embedding read and written) and streams no faster.
   """
+  del cfg
   out = dict(params)
   for name in ("prelude", "core", "coda"):
     if name in params and not isinstance(params[name], (tuple, list)):
       n = jax.tree_util.tree_leaves(params[name])[0].shape[0]
       out[name] = tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], params[name]) for i in range(n))
-  out["head"] = head_matrix(params, cfg)
   return out
 
 
@@ -197,8 +196,10 @@ def final_features(params, hidden, cfg: ModelConfig):
 
 
 def lm_head(params, x, cfg: ModelConfig):
-  """float32 logits [..., V] of final features x [..., E]."""
-  return jnp.einsum("...e,ev->...v", x, head_matrix(params, cfg), preferred_element_type=jnp.float32)
+  """float32 logits [..., V] of final features x [..., E] (a tied head reads the embedding [V, E] as stored)."""
+  if cfg.tie_embeddings:
+    return jnp.einsum("...e,ve->...v", x, params["embed"], preferred_element_type=jnp.float32)
+  return jnp.einsum("...e,ev->...v", x, params["lm_head"], preferred_element_type=jnp.float32)
 
 
 def readout_logits(params, hidden, cfg: ModelConfig):
