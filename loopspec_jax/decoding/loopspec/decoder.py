@@ -104,7 +104,8 @@ class LoopSpec(Method):
         "tokens_per_r_steps": r * n / max(ticks * d1, 1),
         "request_ticks": ticks,
         "mean_live_lanes": stats.count("live_sum") / max(ticks, 1),
-        # model rows a tick computed per request: R/d1 stages x the columns of its ladder width
+        # model rows a tick computes per request alone: R/d1 stages x the ladder width its own live lanes need
+        # (a batch runs each tick at its widest request's width)
         "mean_computed_lanes": (r // d1) * stats.count("cols_sum") / max(ticks, 1),
         # no verify pass of its own: its accepted length is mean_accepted_length; acceptance is the share of
         # commits whose next lane came from a proposal

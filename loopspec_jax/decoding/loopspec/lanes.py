@@ -32,11 +32,22 @@ def group_rows(t, n_groups: int, width: int, cols: int = 0):
   return (stages[:, None] * width + jnp.arange(cols or width)[None, :]).reshape(-1)
 
 
-def live_columns(alive, width: int):
-  """[] int32: the highest live column of any stage of any request, plus one (lanes enter a stage at its low
+def request_columns(alive, width: int):
+  """[B] int32: each request's highest live column of any stage, plus one (lanes enter a stage at its low
   columns, `allocate_lanes`, and pruning only removes them, so the first that many columns hold every lane)."""
   col = jnp.arange(alive.shape[1], dtype=jnp.int32) % width + 1
-  return jnp.max(jnp.where(alive, col[None, :], 0))
+  return jnp.max(jnp.where(alive, col[None, :], 0), axis=1)
+
+
+def live_columns(alive, width: int):
+  """[] int32: the columns holding every live lane of the batch (the widest request's `request_columns`)."""
+  return jnp.max(request_columns(alive, width))
+
+
+def ladder_width(need, ladder: tuple):
+  """need's entries rounded up to the narrowest width of `ladder` (ascending) that holds them (at most the last)."""
+  lad = jnp.asarray(ladder, jnp.int32)
+  return lad[jnp.minimum(jnp.sum(lad < need[..., None], axis=-1), len(ladder) - 1)]
 
 
 def id_columns(x, n_groups: int, width: int, cols: int, axis: int):

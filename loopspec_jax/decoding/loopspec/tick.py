@@ -47,7 +47,6 @@ class Advanced(NamedTuple):
   e: jax.Array  # [B, N, E]
   logits: jax.Array  # [B, nR * W, V] float32: rows of readout r at r * W .. r * W + W - 1
   spec: object  # SpecKV
-  cols: jax.Array  # [] int32: lane columns computed this tick (a `shape.ladder` width)
 
 
 class Verified(NamedTuple):
@@ -80,16 +79,16 @@ def advance(
   n = ln.alive.shape[1]
   rows = L.group_rows(st.iterations, g, w)  # [N] stable id of each group-order row
   widths = shape.ladder
-  branches = [functools.partial(compute_cols, params, st, sp, cfg, shape.at_cols(c), random_init) for c in widths]
+  branches = [functools.partial(compute_cols, params, st, cfg, shape.at_cols(c)) for c in widths]
   s_go, e_go = ln.s[:, rows], ln.e[:, rows]
+  # Fresh lanes' initial-state noise, drawn once per tick outside the branches (each branch reads its c columns).
+  noise = common.state_noise(sp, ln.pos[:, rows[:w]], cfg) if random_init else None
   if len(widths) == 1:
-    e0, pre_kv, s, core_kv, logits, coda_kv = branches[0](s_go, e_go)
-    cols = jnp.int32(w)
+    e0, pre_kv, s, core_kv, logits, coda_kv = branches[0](s_go, e_go, noise)
   else:
     need = L.live_columns(ln.alive, w)
     branch = jnp.minimum(jnp.sum(jnp.asarray(widths, jnp.int32) < need), len(widths) - 1)
-    e0, pre_kv, s, core_kv, logits, coda_kv = jax.lax.switch(branch, branches, s_go, e_go)
-    cols = jnp.asarray(widths, jnp.int32)[branch]
+    e0, pre_kv, s, core_kv, logits, coda_kv = jax.lax.switch(branch, branches, s_go, e_go, noise)
   fresh = rows[:w]
   prelude = spec.prelude
   for l in range(pre_kv[0].shape[0]):
@@ -106,7 +105,7 @@ def advance(
     coda = L.write_rows(coda, l, readout_of_row, kvcache.ordered(rows[ends], logits, n), coda_kv[0][l], coda_kv[1][l])
   back = rows  # the row permutation is an involution: the same gather returns to stage order
   new_spec = spec.replace(prelude=prelude, core=core, coda=coda)
-  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=new_spec, cols=cols)
+  return Advanced(s=s[:, back], e=e[:, back], logits=logits, spec=new_spec)
 
 
 def widen(x, axis: int, parts: int, cols: int, width: int):
@@ -119,13 +118,11 @@ def widen(x, axis: int, parts: int, cols: int, width: int):
   return jnp.pad(y, pad).reshape(sh[:axis] + (parts * width,) + sh[axis + 1 :])
 
 
-def compute_cols(
-    params, st: LoopSpecState, sp: common.SamplingParams, cfg: ModelConfig, shape: PipelineShape, random_init, s, e
-):
+def compute_cols(params, st: LoopSpecState, cfg: ModelConfig, shape: PipelineShape, s, e, noise):
   """The model compute of one tick on the first c = `shape.c` columns of every stage (a `lax.switch` branch).
 
-  s, e [B, N, E] in group order. The speculative stores and the ancestry are read cut to those columns' ids
-  (`lanes.id_columns`), so the reads and the rows both scale with c. Returns, padded to W columns: (e0
+  s, e [B, N, E] in group order; noise [B, W, E] the fresh lanes' initial-state noise (None: zero init).
+  The speculative stores and the ancestry are read cut to those columns' ids (`lanes.id_columns`), so the reads and the rows both scale with c. Returns, padded to W columns: (e0
   [B, W, E], pre (k, v) [L, B, W, KV, D], s [B, N, E] (rows outside the columns unchanged), core (k, v) lists
   of [B, N, KV, D], logits [B, nR * W, V] float32, coda (k, v) [L, B, nR * W, KV, D]); padded rows are zeros,
   written under ids of dead lanes, which nothing reads."""
@@ -144,8 +141,7 @@ def compute_cols(
       one(cache.prelude[l]), one(cut(spec.prelude[l], 2)), prefix_mask, anc[:, :c], cfg
   )
   e0, pk, pv = M.pre(params, ln.token[:, rows[:c]], pos[:, :c], None, pre_ctx, cfg)
-  noise = common.state_noise(sp, pos[:, :c], cfg) if random_init else None
-  s0 = M.initial_state(e0, cfg, noise)
+  s0 = M.initial_state(e0, cfg, None if noise is None else noise[:, :c])
   x = sub(s).at[:, :c].set(s0.astype(s.dtype))
   e_c = sub(e).at[:, :c].set(e0.astype(e.dtype))
   ks, vs = [], []
@@ -389,7 +385,9 @@ def make_tick(
     else:
       at_d2 = jnp.zeros((st.lanes.alive.shape[0], w), bool)
     source = commit_source(ver, kept_found, done & ~st.done)
-    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2, demand, adv.cols)
+    # the ladder width each request's own lanes need: per request, independent of what it is batched with
+    cols = L.ladder_width(L.request_columns(st.lanes.alive, w), shape.ladder)
+    stats = count(st.stats, st, ver, source, at_d2, at_d2 & dr.gate, skipped1, skipped2, demand, cols)
     return LoopSpecState(
         cache=cache,
         spec=adv.spec,
