@@ -61,6 +61,7 @@ from unittest import mock
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
@@ -223,6 +224,21 @@ def fixture_batch(name: str):
 def _pool(exp):
   """Mask of the cells whose expected count is at least 5 (the rest are pooled into one cell)."""
   return exp >= 5
+
+
+def pair_counts(t1, t2, v: int):
+  """[V, V] histogram of the token pairs (t1[i], t2[i])."""
+  c = np.zeros((v, v))
+  np.add.at(c, (np.asarray(t1), np.asarray(t2)), 1)
+  return c
+
+
+def first_two_emitted(n, path, y, nxt, tokens):
+  """The first two tokens a tree round emits, for a depth-2 tree: (t1, t2) given the accepted count n, the
+  accepted path, the round's next token y and the following round's draw nxt (used when n = 0)."""
+  t1 = jnp.where(n == 0, y, tokens[path[1]])
+  t2 = jnp.where(n == 0, nxt, jnp.where(n == 1, y, tokens[path[2]]))
+  return t1, t2
 
 
 def chi2_pvalue(counts, probs, check_support: bool = True, zero_tol: float = 1e-12) -> float:

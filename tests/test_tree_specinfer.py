@@ -44,17 +44,13 @@ def trials(key, p0, p1, q0, q1, p2, renormalize=True):
     q = jnp.stack([q0, q1[c1[0]], q1[c1[1]], q0, q0, q0, q0])  # leaves' q is never used
     n, path, y = specinfer.verify_multistep(k3, tokens, PARENT, jnp.ones((7,), bool), p, q, 2, renormalize)
     nxt = jax.random.categorical(k4, jnp.log(p1[y]))  # next round's draw after y
-    t1 = jnp.where(n == 0, y, tokens[path[1]])
-    t2 = jnp.where(n == 0, nxt, jnp.where(n == 1, y, tokens[path[2]]))
-    return t1, t2, n
+    return (*helpers.first_two_emitted(n, path, y, nxt, tokens), n)
 
   return jax.vmap(one)(jax.random.split(key, N))
 
 
 def counts(t1, t2):
-  c = np.zeros((V, V))
-  np.add.at(c, (np.asarray(t1), np.asarray(t2)), 1)
-  return c
+  return helpers.pair_counts(t1, t2, V)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

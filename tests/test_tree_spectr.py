@@ -140,17 +140,13 @@ def trials(key, p0, p1, q0, q1, p2, *, parent, variant=None):
     q = jnp.stack([q0] + [q1[tok[i]] if depth[i] == 1 else q0 for i in range(1, len(parent))])
     n, path, y = spectr.verify_kseq(ks[0], tokens, par, jnp.ones((len(parent),), bool), p, q, 2, variant)
     nxt = jax.random.categorical(ks[-1], jnp.log(p1[y]))  # the next round's draw after y
-    t1 = jnp.where(n == 0, y, tokens[path[1]])
-    t2 = jnp.where(n == 0, nxt, jnp.where(n == 1, y, tokens[path[2]]))
-    return t1, t2, n
+    return (*helpers.first_two_emitted(n, path, y, nxt, tokens), n)
 
   return jax.vmap(one)(jax.random.split(key, N))
 
 
 def counts(t1, t2):
-  c = np.zeros((V, V))
-  np.add.at(c, (np.asarray(t1), np.asarray(t2)), 1)
-  return c
+  return helpers.pair_counts(t1, t2, V)
 
 
 @pytest.mark.parametrize("tree", list(TREES))

@@ -51,8 +51,7 @@ def verify_multistep(
   a fresh proposal given the history). A sibling whose q_i has no mass left is skipped.
   """
   k = tokens.shape[0]
-  ua, uf = jnp.split(jax.random.uniform(key, (max_depth * k + 1,), jnp.float32), [max_depth * k])
-  ua = ua.reshape(max_depth, k)
+  ua, uf = spectr.tree_uniforms(key, max_depth, k)
   p = jnp.asarray(p, jnp.float32)
   q = jnp.asarray(q, jnp.float32)
   idx = jnp.arange(k)

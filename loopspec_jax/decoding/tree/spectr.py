@@ -43,6 +43,12 @@ ITERS = 30  # bisection steps for rho in [1, k] (width (k - 1) / 2^30)
 VARIANTS = (None, "no_factor", "rho_one")  # exact / residual without f(beta) / rho = 1 whatever k
 
 
+def tree_uniforms(key, max_depth: int, k: int):
+  """-> (ua [max_depth, K] one uniform per (depth, node) for the acceptance tests, uf [1] for the final draw)."""
+  ua, uf = jnp.split(jax.random.uniform(key, (max_depth * k + 1,), jnp.float32), [max_depth * k])
+  return ua.reshape(max_depth, k), uf
+
+
 def scale(beta, k):
   """f(beta) = (1 - (1 - beta)^k) / beta = sum_{j<k} (1 - beta)^j (k at beta = 0; 0 at k = 0)."""
   k = jnp.asarray(k, jnp.float32)
@@ -97,8 +103,7 @@ def verify_kseq(key, tokens, parent, valid, p, q, max_depth: int, variant=None):
   drafter's distribution at every node, from which that node's children were drawn i.i.d. One uniform per
   (depth, node) for the slot tests and one for the final draw."""
   k = tokens.shape[0]
-  ua, uf = jnp.split(jax.random.uniform(key, (max_depth * k + 1,), jnp.float32), [max_depth * k])
-  ua = ua.reshape(max_depth, k)
+  ua, uf = tree_uniforms(key, max_depth, k)
   p = jnp.asarray(p, jnp.float32)
   q = jnp.asarray(q, jnp.float32)
   idx = jnp.arange(k)
