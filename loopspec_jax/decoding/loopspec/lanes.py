@@ -44,10 +44,15 @@ def live_columns(alive, width: int):
   return jnp.max(request_columns(alive, width))
 
 
-def ladder_width(need, ladder: tuple):
-  """need's entries rounded up to the narrowest width of `ladder` (ascending) that holds them (at most the last)."""
+def ladder_index(need, ladder: tuple):
+  """The index in `ladder` (ascending widths) of the narrowest width holding need columns (at most the last)."""
   lad = jnp.asarray(ladder, jnp.int32)
-  return lad[jnp.minimum(jnp.sum(lad < need[..., None], axis=-1), len(ladder) - 1)]
+  return jnp.minimum(jnp.sum(lad < jnp.asarray(need)[..., None], axis=-1), len(ladder) - 1)
+
+
+def ladder_width(need, ladder: tuple):
+  """need's entries rounded up to the narrowest width of `ladder` that holds them (at most the last)."""
+  return jnp.asarray(ladder, jnp.int32)[ladder_index(need, ladder)]
 
 
 def id_columns(x, n_groups: int, width: int, cols: int, axis: int):

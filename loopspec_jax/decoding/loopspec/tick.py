@@ -86,8 +86,7 @@ def advance(
   if len(widths) == 1:
     e0, pre_kv, s, core_kv, logits, coda_kv = branches[0](s_go, e_go, noise)
   else:
-    need = L.live_columns(ln.alive, w)
-    branch = jnp.minimum(jnp.sum(jnp.asarray(widths, jnp.int32) < need), len(widths) - 1)
+    branch = L.ladder_index(L.live_columns(ln.alive, w), widths)
     e0, pre_kv, s, core_kv, logits, coda_kv = jax.lax.switch(branch, branches, s_go, e_go, noise)
   fresh = rows[:w]
   prelude = spec.prelude
