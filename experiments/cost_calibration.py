@@ -17,8 +17,9 @@ iteration from its optimised HLO with `hardware.Hardware.step_seconds`, run the 
                                   loop and AR's alike, would close the miss (which term is wrong, by how much)
 
 The host's terms are measured in the same process, interleaved with the loops' runs (`measure_runs(host=)`),
-at the loops' own product shapes; `clock` "cpu" times process CPU time (a host shared with other jobs
-inflates wall time at random), `stat` "min" takes each callable's least disturbed run, `overhead_from` "ar"
+at the loops' own product shapes; `clock` "wall" (the default; "cpu", process CPU time, under-counts calls
+shorter than a few scheduler ticks whose work runs on XLA's worker threads: `calibrate.set_clock`), `stat`
+"min" takes each callable's least disturbed run, `overhead_from` "ar"
 fits the per-op overhead on AR's loop of the block (the other loops and every ratio stay predictions).
 
 Rows go to <out_root>/<host>-<date>/calibration.json and .md, with a README.md naming host, date, command.

@@ -51,7 +51,11 @@ def get_config(arg=None):
   c.repeats = 3  # interleaved runs per method and per host microbenchmark (the same load on both); medians
   c.stat = "min"  # per loop and host microbenchmark: "min" (least disturbed on a shared host) or "median"
   c.overhead_from = "ar"  # per-op overhead: "ar" (fitted on AR's loop of the block) or "microbenchmark"
-  c.clock = "cpu"  # "cpu": process CPU time (robust to other jobs on the host) or "wall"
+  # "wall" (perf_counter) or "cpu" (process CPU time). Not "cpu": Linux adds a thread's CPU time to the
+  # process clock only at a scheduler tick or context switch, so a call shorter than a few ticks whose work
+  # ran on XLA's worker threads reads as almost free (2026-12-04: 30 of 87 tiny-raven product timings read
+  # 200-2200 GFLOP/s on a 2-core host whose products peak at ~190, results/cost_calibration/epyc2-2026-12-04-c).
+  c.clock = "wall"
   c.timed_shapes = 0  # product shapes of the loops timed on the host, most flops first (0: all)
   c.rows = (1, 2, 4, 8, 16, 32)  # product rows M at which the host's throughput is measured
   c.mode = "kernels"  # hardware.Hardware.step_seconds: "kernels" (sum of per-kernel rooflines) or "roofline"
