@@ -8,6 +8,9 @@ iteration from its optimised HLO with `hardware.Hardware.step_seconds`, run the 
 
   predicted_ms / measured_ms      one loop iteration (AR token, chain round, LoopSpec tick, draft round)
   tokens_per_iteration            measured (the prediction is of the hardware model, not of acceptance)
+  mean_width / branch_weights     LoopSpec: the lane columns its ticks computed on average (measured, as
+                                  tokens per iteration are) and the mix of its width switch's branches that
+                                  the prediction counts (`calibrate.branch_mix`; the widest alone before)
   predicted_ratio / measured_ratio  speed against AR of the same model, context and sampling:
                                   (AR seconds per token) / (method seconds per token); > 1 is faster
   ratio_error                     predicted_ratio / measured_ratio - 1
@@ -64,9 +67,11 @@ def working_sets(cfg, context: int) -> dict:
   return {"weights": weights, "kv": working_set_bytes(cfg, context), "copies": small, "other": small}
 
 
-def predict(hw, lr: calibrate.LoopRun, working_set, mode: str) -> tuple:
-  """(seconds, terms in ms, StepCost) of one iteration of a compiled loop on hardware hw."""
-  step = cost.analyze_hlo(lr.hlo, lr.kv_dims, lr.slot_bytes)
+def predict(hw, lr: calibrate.LoopRun, working_set, mode: str, branch="max") -> tuple:
+  """(seconds, terms in ms, StepCost) of one iteration of a compiled loop on hardware hw; `branch`: how its
+  conditionals are counted (`hlo_cost.HloCostModel`; a LoopSpec tick's width switch at its measured mix,
+  `calibrate.branch_mix`)."""
+  step = cost.analyze_hlo(lr.hlo, lr.kv_dims, lr.slot_bytes, branch)
   terms = hw.terms(step, working_set)
   seconds = hw.step_seconds(step, working_set, mode)
   return seconds, {k.replace("_s", "_ms"): v * 1e3 for k, v in terms.items()}, step
@@ -112,8 +117,9 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
     hw = fit_overhead(hw, steps[specs[0]], ws, measured[specs[0]]["iteration_s"])
   rows = []
   for spec in specs:
-    pred_s, terms, step = predict(hw, loops[spec], ws, c.mode)
     m = measured[spec]
+    mix = calibrate.branch_mix(loops[spec].widths, m.get("mean_width"))
+    pred_s, terms, step = predict(hw, loops[spec], ws, c.mode, mix)
     rows.append(
         {
             "model": label,
@@ -127,6 +133,9 @@ def rows_for(model, label: str, context: int, greedy: bool, c) -> tuple:
             "measured_ms_all": [t * 1e3 for t in m["iteration_s_all"]],
             "iteration_error": pred_s / m["iteration_s"] - 1.0,
             "tokens_per_iteration": m["tokens_per_iteration"],
+            "ladder": list(loops[spec].widths),
+            "mean_width": m.get("mean_width"),
+            "branch_weights": list(mix) if isinstance(mix, tuple) else mix,
             "terms_ms": terms,
             "ops": step.ops,
             "unknown_trip_counts": step.unknown_trip_counts,

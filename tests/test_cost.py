@@ -109,11 +109,18 @@ def test_conditional_counts_the_largest_branch_or_the_mean():
   text = _hlo(f, x, w)
   hi = cost.analyze_hlo(text, branch="max")
   mean = cost.analyze_hlo(text, branch="mean")
+  only = [cost.analyze_hlo(text, branch=w).flops for w in ((1.0, 0.0), (0.0, 1.0))]
+  mix = cost.analyze_hlo(text, branch=(0.25, 0.75))
   if hi.conditionals:  # XLA may turn a small cond into a select; then both branches run
     assert hi.flops == 2 * 2 * 4 * 8 * 8
     assert mean.flops == hi.flops / 2
+    assert sorted(only) == [0.0, hi.flops]  # a measured branch mix weights each branch (in HLO order)
+    assert mix.flops == pytest.approx(0.25 * only[0] + 0.75 * only[1])
   else:
-    assert hi.flops == mean.flops == 2 * 2 * 4 * 8 * 8
+    assert hi.flops == mean.flops == mix.flops == 2 * 2 * 4 * 8 * 8
+  for bad in ((0.5, 0.6), (-0.5, 1.5), (), "min"):
+    with pytest.raises(ValueError, match="branch"):
+      cost.analyze_hlo(text, branch=bad)
 
 
 def test_contiguous_slices():

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import loopspec_jax as lj
 from loopspec_jax.analysis import calibrate
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hardware
@@ -34,6 +35,11 @@ def test_calibration_writes_consistent_rows(tmp_path):
     assert terms["total_ms"] == pytest.approx(sum(terms[k] for k in parts))
     assert r["transcendentals"] >= 0
     assert "wrong_term" in r and len(r["measured_ms_all"]) == c.repeats
+    if r["ladder"]:  # a LoopSpec tick's width switch, counted at its measured mix
+      assert r["ladder"][0] <= r["mean_width"] <= r["ladder"][-1]
+      assert r["branch_weights"] == pytest.approx(list(calibrate.branch_mix(tuple(r["ladder"]), r["mean_width"])))
+    else:
+      assert r["branch_weights"] == "max"
   ar = rows[0]
   assert ar["predicted_ratio"] == pytest.approx(1.0) and ar["measured_ratio"] == pytest.approx(1.0)
   assert ar["iteration_error"] >= -1e-6 or c.overhead_from != "ar"  # per-op fitted on AR: never below it
@@ -123,3 +129,19 @@ def test_products_timed_over_their_footprint():
   assert calibrate.dot_footprint("f32[2,1,8]xf32[2,8,4];lc=2;rc=1;lb=0;rb=0", {"weights": 1e6, "kv": 9e6}) == 9e6
   fn, n = calibrate._dot_fn(sig, footprint=8 * 16 * 32 * 4)  # eight distinct copies of the weight
   assert n % 8 == 0 and float(fn()) == float(fn())
+
+
+def test_branch_mix_interpolates_between_the_rungs_around_the_mean_width():
+  assert calibrate.branch_mix((1, 2), 1.25) == pytest.approx((0.75, 0.25))
+  assert calibrate.branch_mix((1, 2, 4, 8), 3.0) == pytest.approx((0.0, 0.5, 0.5, 0.0))
+  assert calibrate.branch_mix((1, 2, 4), 4.0) == pytest.approx((0.0, 0.0, 1.0))
+  assert calibrate.branch_mix((2, 4), 1.0) == pytest.approx((1.0, 0.0))  # clamped to the ladder
+  assert calibrate.branch_mix((1, 2), None) == calibrate.branch_mix((4,), 4.0) == "max"
+
+
+@pytest.mark.slow
+def test_loopspec_loop_reports_its_ladder_and_mean_width():
+  lr = calibrate.time_decode_loop(lj.load("tiny-raven"), "loopspec:d1=2,d2=8", context=48, new_tokens=8, greedy=True)
+  assert len(lr.widths) > 1 and list(lr.widths) == sorted(lr.widths)
+  _, iters, toks, width = lr.run()
+  assert iters > 0 and toks == 8 and lr.widths[0] <= width <= lr.widths[-1]

@@ -290,13 +290,34 @@ def calibrate_host(cfg, working_sets: Sequence[float], rows: Sequence[int] = (1,
 @dataclasses.dataclass
 class LoopRun:
   """A method's decode loop on a model, compiled once: `hlo` (what the prediction reads), kv_dims and
-  slot_bytes (what `hlo_cost` needs), and `run()` -> (seconds of the loop, iterations, tokens)."""
+  slot_bytes (what `hlo_cost` needs), and `run()` -> (seconds of the loop, iterations, tokens, mean width).
+  `widths`: the lane-column widths of a LoopSpec tick's `lax.switch` (`PipelineShape.ladder`; () for a loop
+  without one), and the mean width is the columns its ticks computed on average (None without a ladder):
+  which branch runs is a property of the decoding trajectory, measured like tokens per iteration."""
 
   method: methods.Method
   hlo: str
   kv_dims: list
   slot_bytes: float
   run: Callable
+  widths: tuple = ()
+
+
+def branch_mix(widths: tuple, mean_width: Optional[float]):
+  """hlo_cost's branch weights for a ladder `widths` (ascending) run at `mean_width` columns per tick on
+  average: the two rungs around the mean, linearly (exact for a two-rung ladder; for more rungs the
+  narrowest mix with that mean). "max" (the widest branch) when unknown or without a ladder."""
+  if len(widths) < 2 or mean_width is None:
+    return "max"
+  x = min(max(float(mean_width), widths[0]), widths[-1])
+  hi = next(i for i, w in enumerate(widths) if w >= x)
+  weights = [0.0] * len(widths)
+  if hi == 0 or widths[hi] == x:
+    weights[hi] = 1.0
+  else:
+    t = (x - widths[hi - 1]) / (widths[hi] - widths[hi - 1])
+    weights[hi - 1], weights[hi] = 1.0 - t, t
+  return tuple(weights)
 
 
 def _dynamic_kw(kw: dict) -> dict:
@@ -343,10 +364,16 @@ def time_decode_loop(model, method, *, context: int, new_tokens: int, greedy: bo
     jax.block_until_ready(out.tokens)
     seconds = _now() - t0
     counts = dec.stats(out)
-    return seconds, int(counts.totals["iterations"]), int(sum(counts.per_request["tokens"]))
+    width = None
+    if widths:  # one request: each tick's switch ran at its own ladder width
+      width = float(sum(counts.per_request["cols_sum"])) / max(float(sum(counts.per_request["ticks"])), 1.0)
+    return seconds, int(counts.totals["iterations"]), int(sum(counts.per_request["tokens"])), width
 
+  shape = dec.loop_kw.get("shape")
+  widths = tuple(shape.ladder) if dec.name == "loopspec" and shape.dynamic and len(shape.ladder) > 1 else ()
   hlo = compiled.as_text()
-  return LoopRun(m, hlo, cost.kv_leaf_dims(state), cost.slot_bytes(cfg, 1, total + dec.extra_positions), run)
+  slots = cost.slot_bytes(cfg, 1, total + dec.extra_positions)
+  return LoopRun(m, hlo, cost.kv_leaf_dims(state), slots, run, widths)
 
 
 def measure_runs(loops: Dict[str, LoopRun], repeats: int, host: Optional[Dict] = None, stat: str = "median") -> tuple:
@@ -364,6 +391,7 @@ def measure_runs(loops: Dict[str, LoopRun], repeats: int, host: Optional[Dict] =
     jax.block_until_ready(f())
   per_iter = {k: [] for k in loops}
   tpi = {k: [] for k in loops}
+  width = {k: [] for k in loops}
   host_t = {k: [] for k in host}
   for _ in range(repeats):
     for k, f in host.items():
@@ -371,15 +399,18 @@ def measure_runs(loops: Dict[str, LoopRun], repeats: int, host: Optional[Dict] =
       jax.block_until_ready(f())
       host_t[k].append(_now() - t0)
     for k, lr in loops.items():
-      sec, iters, toks = lr.run()
+      sec, iters, toks, w = lr.run()
       per_iter[k].append(sec / max(iters, 1))
       tpi[k].append(toks / max(iters, 1))
+      if w is not None:
+        width[k].append(w)
   runs = {
       k: {
           "iteration_s": pick(per_iter[k]),
           "iteration_s_median": statistics.median(per_iter[k]),
           "iteration_s_all": per_iter[k],
           "tokens_per_iteration": statistics.median(tpi[k]),
+          "mean_width": statistics.median(width[k]) if width[k] else None,
       }
       for k in loops
   }

@@ -27,7 +27,9 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
           stream bandwidth (a softmax or SiLU over M rows), an accelerator's special-function units do not.
 Copies whose operand is at least one cache slot (B x KV x T x D) are listed; "loop-carried" ones copy a
 whole loop-carried buffer (the defect of issue 9). Conditionals count their most expensive branch (by
-bytes) unless `branch="mean"`.
+bytes) unless `branch="mean"` (every branch alike) or `branch` is a tuple of weights: then a conditional
+with that many branches counts sum_i w_i x branch i (a measured branch mix, e.g. how often each width of a
+LoopSpec tick's `lax.switch` ran: `BranchMix`), any other still its most expensive one.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class StepCost:
   large_copies: List[CopyRecord] = dataclasses.field(default_factory=list)
   unknown_trip_counts: int = 0
   conditionals: int = 0
-  branch_policy: str = "max"
+  branch_policy: object = "max"  # "max" / "mean" / a tuple of branch weights (`HloCostModel`)
   items: Dict[Tuple[str, str], float] = dataclasses.field(default_factory=dict)  # (instr, category) -> bytes
   # (instr, rows) -> flops: each product's flops by kernel and by its skinny extent (`hlo.dot_rows`)
   flop_items: Dict[Tuple[str, int], float] = dataclasses.field(default_factory=dict)
@@ -249,10 +251,14 @@ class HloCostModel:
   """Sums the cost of one iteration of the outermost while loop of an optimised HLO module."""
 
   def __init__(
-      self, text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch: str = "max"
+      self, text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch="max"
   ):
-    if branch not in ("max", "mean"):
-      raise ValueError(f"branch must be 'max' or 'mean', got {branch!r}")
+    if isinstance(branch, (tuple, list)):
+      branch = tuple(float(w) for w in branch)
+      if not branch or min(branch) < 0 or abs(sum(branch) - 1.0) > 1e-6:
+        raise ValueError(f"branch weights must be >= 0 and sum to 1, got {branch}")
+    elif branch not in ("max", "mean"):
+      raise ValueError(f"branch must be 'max', 'mean' or a tuple of weights, got {branch!r}")
     self.comps, self.entry = parse_hlo(text)
     self.kv_dims = {tuple(d) for d in kv_dims}
     self.slot_bytes = slot_bytes
@@ -446,11 +452,14 @@ class HloCostModel:
     names = ins.attr_list("branch_computations") or [ins.attr("true_computation"), ins.attr("false_computation")]
     branches = [self._walk(Frame(self.comps[n], ins, frame, "branch")) for n in names if n]
     out = StepCost(ops=1, conditionals=1)
-    if self.branch == "max":
-      out.add(max(branches, key=lambda c: (c.total_bytes, c.flops)))
-    else:
+    if isinstance(self.branch, tuple) and len(self.branch) == len(branches):
+      for w, b in zip(self.branch, branches):
+        out.add(b, w)
+    elif self.branch == "mean":
       for b in branches:
         out.add(b, 1.0 / len(branches))
+    else:
+      out.add(max(branches, key=lambda c: (c.total_bytes, c.flops)))
     return out
 
   def _read(self, cost: StepCost, origin: Origin, elements: float, dot: bool, who: str):
@@ -553,7 +562,7 @@ class HloCostModel:
 
 
 def analyze_hlo(
-    text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch: str = "max"
+    text: str, kv_dims: Iterable[Tuple[int, ...]] = (), slot_bytes: float = float("inf"), branch="max"
 ) -> StepCost:
   """Cost of one iteration of the outermost while loop in an optimised HLO module text."""
   return HloCostModel(text, kv_dims, slot_bytes, branch).analyze()
