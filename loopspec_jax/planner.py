@@ -21,7 +21,8 @@ and ranks by predicted tokens / second. Then (`Auto.measure` > 0, inside `genera
 AR and the best predicted candidates of each family (chain at d1 1 and 2: two gammas each; LoopSpec with and
 without d2: one each; `PER_FAMILY`), prompt lookup and, given a `draft_model`, draft-model speculation each
 decode `measure` new tokens of the requests themselves at the call's own shapes (so each compiles into its
-method's normal jit cache, which the planned call then reuses), in `rounds` interleaved rounds (`measure`);
+method's normal jit cache, which the planned call then reuses; sampled, with the next seed's keys:
+`probe_run`), in `rounds` interleaved rounds (`measure`);
 the best median rate / AR's rate of the same round wins, unless it beats AR by less than `AR_MARGIN` (then AR).
 
 Re-planning (`Auto.replan` = N tokens, default `REPLAN` = 16, 0: off; module function `generate`): when
@@ -331,6 +332,17 @@ def measured_shortlist(ranked: List[Candidate], draft_model=None, per_family: Op
   return out
 
 
+def probe_run(run):
+  """The `run` the measured probe calls: a sampled call's probe draws from the next seed's keys, so that the
+  pick does not depend on the very draws its decode then makes (were it chosen on them, the sampled output
+  would lean toward what the picked method happens to accept well: exact per method, biased by the choice).
+  Greedy, or a `run` that is not `generate`'s (no sampling keywords): `run` itself."""
+  sampling = getattr(run, "keywords", {}).get("sampling")
+  if not sampling or float(sampling.get("temperature", 0.0)) == 0.0:
+    return run
+  return functools.partial(run, sampling=dict(sampling, seed=int(sampling["seed"]) + 1))
+
+
 def _sample(result) -> Tuple[float, float]:
   """(seconds / iteration, tokens / iteration per request) of one probe run."""
   c = result.counts
@@ -413,7 +425,7 @@ def make_plan(
     for m in shortlist:
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
     rounds = int(auto.rounds or 5)
-    got = measure(run, shortlist, budget, rounds)
+    got = measure(probe_run(run), shortlist, budget, rounds)
     ratios = {m: q for m, (_, _, q) in got.items()}
     ranked = sorted((Candidate(m, t, s, batch) for m, (t, s, _) in got.items()), key=lambda c: -ratios[c.method])
     basis = (
@@ -503,7 +515,7 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
   elif max_new_tokens <= n:
     skip = f"max_new_tokens {max_new_tokens} <= replan {n}"
   elif not auto.measure or run_at is None:
-    skip = "nothing to re-measure (measure=0)"
+    skip = "nothing to re-measure (measure=0)" if not auto.measure else "no continuation call (run_at)"
   elif key in PLANS and PLANS[key][0] == first:
     skip = f"the cached second pick is the first ({first.spec}): one run"
   if skip is not None:
@@ -523,7 +535,8 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
   if key in PLANS:
     second, p2 = PLANS[key][0], dict(PLANS[key][1], cached=True)
   else:
-    probe = lambda m, b: run2(m, [min(int(b), x) for x in budgets])
+    run2_probe = probe_run(run2)
+    probe = lambda m, b: run2_probe(m, [min(int(b), x) for x in budgets])
     dc = p1["depth_curve"]
     second, p2 = make_plan(model, ext, rest, greedy, auto, probe, curve=((dc["beta"], dc["alpha"]), dc["source"]))
     p2 = dict(p2, after_tokens=n, reason=f"after {n} tokens of {first.label}, on prompt + those: {p2['reason']}")

@@ -1,6 +1,7 @@
 """method="auto": the planner picks a registered exact method, says why, and decodes exactly."""
 
 import dataclasses
+import functools
 import types
 
 import pytest
@@ -292,3 +293,11 @@ def test_auto_replan_sampled_keys_go_on_by_position(quick_planner, monkeypatch):
   assert out.tokens == lj.generate(model, helpers.PROMPTS, method="ar", **kw).tokens
   again = lj.generate(model, helpers.PROMPTS, method=REPLAN, **kw)  # cached second pick = first: one run
   assert again.tokens == out.tokens and "one run" in again.stats["plan"]["replan"]["skipped"]
+
+
+def test_a_sampled_probe_draws_other_keys_than_its_decode():
+  """The pick must not depend on the draws the decode then makes: a sampled probe runs at the next seed."""
+  run = functools.partial(lambda m, b=None, *, sampling: sampling["seed"], sampling={"temperature": 0.8, "seed": 5})
+  assert run(AR) == 5 and planner.probe_run(run)(AR, 4) == 6
+  greedy = functools.partial(run, sampling={"temperature": 0.0, "seed": 5})
+  assert planner.probe_run(greedy) is greedy
