@@ -3,8 +3,8 @@
 For each model and sampling, every method decodes every prompt (one request at a time) once untimed (compiles;
 auto plans here, its plan cached for the process), then `repeats` interleaved rounds (method order rotated)
 time the whole `generate` call. The table gives medians over rounds, the ratio to AR of the same round, auto's
-ratio to the fastest fixed method, auto's pick and its predicted vs probe-measured vs benchmark-measured ms
-per iteration, and the host load while the row ran.
+ratio to the fastest fixed method, auto's pick (with re-planning: both picks, the second's probe x AR) and the
+first pick's predicted vs probe-measured vs benchmark-measured ms per iteration, and the host load.
 
   python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py
 """
@@ -87,6 +87,16 @@ def run_row(model, prompts, specs, sampling, max_new_tokens, repeats, seed) -> d
   return rows
 
 
+def _picks(plan) -> str:
+  """The first pick, and with re-planning (`Auto.replan`) the second with its probe's x AR after N tokens."""
+  second = plan.get("replan") or {}
+  if "choice" not in second:
+    return plan["choice"]
+  return (
+      f"{plan['choice']}, then after {second['after_tokens']}: {second['choice']} ({second['top'][0]['x_ar']:.2f}x AR)"
+  )
+
+
 def _plan_cells(plan, rows, auto, fastest) -> str:
   """The pick and its ms per iteration as predicted / probed / benchmarked; the same for the fastest fixed."""
   pick = plan["top"][0]
@@ -101,7 +111,7 @@ def _plan_cells(plan, rows, auto, fastest) -> str:
     return f"{r['iteration_ms']:.3g}" if r and plan.get("basis", "").startswith("measured") else "-"
 
   return (
-      f"{plan['choice']} | {pick.get('predicted_iteration_ms') or 0:.3g} / {pick['iteration_ms']:.3g} / "
+      f"{_picks(plan)} | {pick.get('predicted_iteration_ms') or 0:.3g} / {pick['iteration_ms']:.3g} / "
       f"{rows[auto]['ms_per_iteration_median']:.3g} | {fastest}: {pred(fastest)} / {probe(fastest)} / "
       f"{rows[fastest]['ms_per_iteration_median']:.3g}"
   )

@@ -149,12 +149,12 @@ def generate(
   method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
   sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id)
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
-  run = functools.partial(_run, model, prompts, max_new_tokens, speculate_max_batch=speculate_max_batch, **call)
-  # 'auto' (planner.Auto) picks here; `run(spec, budget)` is this call with `budget` new tokens (its probe)
-  spec, plan = methods.build(method, **method_args).resolve(model, prompts, max_new_tokens, greedy, run=run)
-  result = run(spec)
-  result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
-  return result
+  run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
+  # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (planner.Auto) picks
+  # here, and with re-planning continues from a prefix through `run_at(prompts + prefix, tokens left)`
+  return methods.build(method, **method_args).generate(
+      model, prompts, max_new_tokens, greedy, run=run_at(prompts, max_new_tokens), run_at=run_at
+  )
 
 
 def _run(
@@ -172,7 +172,7 @@ def _run(
     speculate_max_batch,
 ) -> GenerateResult:
   """Decodes `prompts` with `spec` at the shapes of a `max_new_tokens` call (its compiled programs), each
-  request stopping after `budget` new tokens (default max_new_tokens)."""
+  request stopping after `budget` new tokens (default max_new_tokens; an int, or one per request)."""
   cfg = model.config
   greedy = float(sampling["temperature"]) == 0.0
   spec = methods.build_checked(spec, model)
@@ -188,7 +188,9 @@ def _run(
   lengths = [len(p) for p in prompts]
   tp, total = common.buckets(lengths, max_new_tokens, cfg)
   prompt_arr, len_arr = common.batch_prompts(prompts, tp)
-  new = max_new_tokens if budget is None else min(int(budget), max_new_tokens)
+  new = np.minimum(max_new_tokens if budget is None else budget, max_new_tokens)
+  if new.ndim:  # per request: dummy requests of a mesh's padding get a budget of 1 (below)
+    new = np.concatenate([new, np.ones(len(prompts) - len(new), new.dtype)])
   sp = common.make_sampling_params(len(prompts), new, request_ids=request_ids, **sampling)
   if len(prompts) > n_real:  # dummy requests stop after one token
     sp = sp.replace(max_new=sp.max_new.at[n_real:].set(1))

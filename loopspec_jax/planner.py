@@ -21,14 +21,22 @@ and ranks by predicted tokens / second. Then (`Auto.measure` > 0, inside `genera
 AR and the best predicted candidates of each family (chain at d1 1 and 2: two gammas each; LoopSpec with and
 without d2: one each; `PER_FAMILY`), prompt lookup and, given a `draft_model`, draft-model speculation each
 decode `measure` new tokens of the requests themselves at the call's own shapes (so each compiles into its
-method's normal jit cache, which the planned call then reuses), in `rounds` interleaved rounds (`measure`);
+method's normal jit cache, which the planned call then reuses; sampled, with the next seed's keys:
+`probe_run`), in `rounds` interleaved rounds (`measure`);
 the best median rate / AR's rate of the same round wins, unless it beats AR by less than `AR_MARGIN` (then AR).
 
+Re-planning (`Auto.replan` = N tokens, default `REPLAN` = 16, 0: off; module function `generate`): when
+max_new_tokens > N the first pick decodes N tokens, the measured probe of the same shortlist runs again on each
+request's prompt + its N tokens, and its pick decodes the rest from there (a continuation: positions, keys and
+noise go on from the prefix, so the join is exact). It catches acceptance the prompt alone does not show: text
+that falls into repeats, where prompt lookup gains (results/bench_auto/epyc2-2026-12-04-replan-tau).
+
 The plan is computed once per (model, batch, prompt and context buckets, sampling settings, device, planner
-settings) and kept in `PLANS`: later calls of that shape cost what the picked fixed method costs. The choice
+settings) and kept in `PLANS` (with re-planning, the second pick too, under the same key + ('replan', N)): later calls of that shape cost what the picked fixed method costs. The choice
 and the top candidates (measured and predicted tokens / iteration and ms / iteration, tokens / s) go to
-`GenerateResult.stats["plan"]`, with `plan_seconds` (the one-off cost) and `cached`. The serving engine plans
-from the prediction alone (`engine_plan`: no requests exist when it starts).
+`GenerateResult.stats["plan"]`, with `plan_seconds` (the one-off cost), `cached`, `picks` and `replan` (the
+second plan, or why there was none). The serving engine plans from the prediction alone (`engine_plan`: no
+requests exist when it starts; no re-planning).
 """
 
 from __future__ import annotations
@@ -324,6 +332,17 @@ def measured_shortlist(ranked: List[Candidate], draft_model=None, per_family: Op
   return out
 
 
+def probe_run(run):
+  """The `run` the measured probe calls: a sampled call's probe draws from the next seed's keys, so that the
+  pick does not depend on the very draws its decode then makes (were it chosen on them, the sampled output
+  would lean toward what the picked method happens to accept well: exact per method, biased by the choice).
+  Greedy, or a `run` that is not `generate`'s (no sampling keywords): `run` itself."""
+  sampling = getattr(run, "keywords", {}).get("sampling")
+  if not sampling or float(sampling.get("temperature", 0.0)) == 0.0:
+    return run
+  return functools.partial(run, sampling=dict(sampling, seed=int(sampling["seed"]) + 1))
+
+
 def _sample(result) -> Tuple[float, float]:
   """(seconds / iteration, tokens / iteration per request) of one probe run."""
   c = result.counts
@@ -384,13 +403,16 @@ def _curve(model, prompts, greedy, auto):
   return ENVELOPE, "envelope"
 
 
-def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
+def make_plan(
+    model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None, curve=None
+) -> Tuple[Method, dict]:
   """The method `auto` resolves to for these requests and the plan (choice, reasons, top candidates with
-  their predicted and, when `run` is given and auto.measure > 0, measured tokens and ms per iteration)."""
+  their predicted and, when `run` is given and auto.measure > 0, measured tokens and ms per iteration).
+  `curve`: (beta, alpha) and its source, given by a re-plan (the first plan's: no second depth probe)."""
   t0 = time.perf_counter()
   cfg, batch = model.config, len(prompts)
   _, context = common.buckets([len(p) for p in prompts], max_new_tokens, cfg)
-  curve, source = _curve(model, prompts, greedy, auto)
+  curve, source = _curve(model, prompts, greedy, auto) if curve is None else curve
   lb = _layer_bytes(cfg)
   ws = lb["core"] + lb["outer"] + lb["head"] + batch * context * lb["kv_pos"] * (cfg.recurrence * cfg.n_core + 2)
   hw = hardware_for(cfg, float(ws))
@@ -403,7 +425,7 @@ def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Au
     for m in shortlist:
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
     rounds = int(auto.rounds or 5)
-    got = measure(run, shortlist, budget, rounds)
+    got = measure(probe_run(run), shortlist, budget, rounds)
     ratios = {m: q for m, (_, _, q) in got.items()}
     ranked = sorted((Candidate(m, t, s, batch) for m, (t, s, _) in got.items()), key=lambda c: -ratios[c.method])
     basis = (
@@ -433,11 +455,16 @@ def make_plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Au
   }
 
 
-def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
-  """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`."""
+def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: "Auto", run) -> tuple:
+  """`plan_key` of a `generate` call, its sampling settings (all but the seed) read off its `run`."""
   sampling = tuple(sorted(getattr(run, "keywords", {}).get("sampling", {}).items())) or greedy
   sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
-  key = plan_key(model, prompts, max_new_tokens, sampling, auto)
+  return plan_key(model, prompts, max_new_tokens, sampling, auto)
+
+
+def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
+  """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`."""
+  key = _key(model, prompts, max_new_tokens, greedy, auto, run)
   if key in PLANS:
     method, p = PLANS[key]
     return method, dict(p, cached=True)
@@ -450,9 +477,77 @@ def engine_plan(model, auto: "Auto", slots: int, total: int, greedy: bool) -> Tu
   """The plan of a serving engine (`serving.Engine`, method 'auto'): `slots` requests decoding up to `total`
   positions; no requests exist yet, so the ranking is the prediction alone (Theorem 2's envelope, no probe,
   no measurement), cached like any plan."""
-  auto = dataclasses.replace(auto, probe_tokens=0, measure=0)
+  auto = dataclasses.replace(auto, probe_tokens=0, measure=0, replan=0)
   prompt = min(16, max(total - 1, 1))
   return plan(model, [[0] * prompt] * int(slots), max(total - prompt, 1), greedy, auto)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Re-planning: a second measured probe after the first `replan` tokens, on prompt + those tokens
+# ---------------------------------------------------------------------------------------------------
+# New tokens before the re-plan, by default. Long enough for repeats to form in the generated text (the
+# acceptance a probe on the prompt cannot see: bench_e512's greedy text lets prompt lookup verify 1.64 tokens
+# per iteration over 64 tokens, results/bench_auto/epyc2-2026-12-04-e512-idle), short enough that the first
+# pick's segment is a small part of a typical budget (64+); equal to the probe's default `measure`.
+REPLAN = 16
+
+
+def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run, run_at=None):
+  """`generate(method=auto)`: decode with the first plan's pick; with re-planning on (`auto.replan` = N > 0,
+  max_new_tokens > N, a measured probe) decode only the first N tokens with it, re-run the measured probe of
+  the first plan's shortlist on each request's prompt + its N tokens (at the continuation's own shapes, the
+  first plan's depth curve), and decode the remaining max_new_tokens - N tokens with that pick from there.
+
+  Exact whatever the picks: the continuation is a `generate` call on prompt + prefix, whose positions (and
+  so its per-(request, position) keys and Raven noise) go on from the prefix's, so greedy output is AR's and
+  sampled output is AR's distribution (AR + AR: AR's tokens). A request that finished (its eos) within the
+  first N tokens runs the continuation as a one-token dummy (the batch keeps its compiled shapes) and its
+  token and counts are dropped. Both picks are cached (`PLANS`: the second under the first's key + ('replan',
+  N)); a cached call whose second pick is the first decodes in one run. stats["plan"]: the first plan, with
+  `picks` ([first] or [first, second]) and `replan` (the second plan with `after_tokens`, or `skipped`: why
+  not); with two segments, stats are their counts joined (`DecodeStats.then`) and each one's in `segments`."""
+  n = REPLAN if auto.replan is None else int(auto.replan)
+  first, p1 = plan(model, prompts, max_new_tokens, greedy, auto, run)
+  key = _key(model, prompts, max_new_tokens, greedy, auto, run) + ("replan", n)
+  skip = None
+  if not n:
+    skip = "off (replan=0)"
+  elif max_new_tokens <= n:
+    skip = f"max_new_tokens {max_new_tokens} <= replan {n}"
+  elif not auto.measure or run_at is None:
+    skip = "nothing to re-measure (measure=0)" if not auto.measure else "no continuation call (run_at)"
+  elif key in PLANS and PLANS[key][0] == first:
+    skip = f"the cached second pick is the first ({first.spec}): one run"
+  if skip is not None:
+    result = run(first)
+    result.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": skip})
+    return result
+  head = run(first, n)
+  eos = getattr(run, "keywords", {}).get("sampling", {}).get("eos_id")
+  live = [len(t) == n and not (eos is not None and eos in t) for t in head.tokens]
+  if not any(live):
+    head.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": f"every request finished within {n} tokens"})
+    return head
+  ext = [list(p) + list(t) for p, t in zip(prompts, head.tokens)]
+  rest = max_new_tokens - n
+  budgets = [rest if ok else 1 for ok in live]
+  run2 = run_at(ext, rest)
+  if key in PLANS:
+    second, p2 = PLANS[key][0], dict(PLANS[key][1], cached=True)
+  else:
+    run2_probe = probe_run(run2)
+    probe = lambda m, b: run2_probe(m, [min(int(b), x) for x in budgets])
+    dc = p1["depth_curve"]
+    second, p2 = make_plan(model, ext, rest, greedy, auto, probe, curve=((dc["beta"], dc["alpha"]), dc["source"]))
+    p2 = dict(p2, after_tokens=n, reason=f"after {n} tokens of {first.label}, on prompt + those: {p2['reason']}")
+    PLANS[key] = (second, p2)
+    p2 = dict(p2, cached=False)
+  tail = run2(second, budgets)
+  counts = head.counts.then(tail.counts, live)
+  stats = dict(counts.summary(), segments=[head.stats, tail.stats])
+  stats["plan"] = dict(p1, picks=[first.spec, second.spec], replan=p2)
+  tokens = [h + (t if ok else []) for h, t, ok in zip(head.tokens, tail.tokens, live)]
+  return common.GenerateResult(tokens, stats, counts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,13 +555,16 @@ class Auto(Method):
   """The planner's choice for the requests of each `generate` call (module docstring); `probe_tokens`: prompt
   tokens of the depth-agreement probe (0: Theorem 2's envelope, no probe); `shortlist`: see `rank` (HLO
   re-timing; compiles abstract loops, slow); `measure`: new tokens each shortlisted method decodes on the
-  requests before the pick (0: the prediction alone); `draft_model`: a drafter to consider ('draft')."""
+  requests before the pick (0: the prediction alone); `rounds`: the probe's interleaved rounds; `replan`: new
+  tokens decoded with the first pick before the probe re-runs on prompt + those tokens and picks again for
+  the rest (`generate`; 0: off, None: `REPLAN`); `draft_model`: a drafter to consider ('draft')."""
 
   name = "auto"
   probe_tokens: Optional[int] = 32
   shortlist: Optional[int] = 0
   measure: Optional[int] = 16
   rounds: Optional[int] = 5
+  replan: Optional[int] = REPLAN
   draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
@@ -479,10 +577,17 @@ class Auto(Method):
     for f in ("probe_tokens", "shortlist", "measure"):
       if getattr(self, f) is not None and int(getattr(self, f)) < 0:
         raise ValueError(f"auto: {f} must be >= 0, got {getattr(self, f)}")
+    r = self.replan
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0):
+      raise ValueError(f"auto: replan must be an int >= 0 (new tokens before re-planning; 0: off), got {r!r}")
 
   def resolve(self, model, prompts, max_new_tokens: int, greedy: bool, run=None):
     self.validate(model.config)
     return plan(model, prompts, max_new_tokens, greedy, self, run)
+
+  def generate(self, model, prompts, max_new_tokens: int, greedy: bool, run, run_at=None):
+    self.validate(model.config)
+    return generate(model, prompts, max_new_tokens, greedy, self, run, run_at)
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     raise ValueError("method='auto' is resolved per call (Auto.resolve) before a decoder is built")

@@ -1,5 +1,7 @@
 """method="auto": the planner picks a registered exact method, says why, and decodes exactly."""
 
+import dataclasses
+import functools
 import types
 
 import pytest
@@ -206,3 +208,96 @@ def test_shortlist_keeps_two_gammas_per_chain_depth():
     assert [m for m in short if m.name == "chain" and m.d1 == d1] == best
   one = planner.measured_shortlist(ranked, per_family={"chain": 1, "loopspec": 1})
   assert len([m for m in one if m.name == "chain"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# Re-planning (Auto.replan): first pick for N tokens, a second measured probe on prompt + those, the rest
+# ---------------------------------------------------------------------------------------------------
+def forced_measure(picks):
+  """A `planner.measure` stand-in whose k-th call makes picks[k] (then AR) the winner (2x AR, the rest 0.5x) without
+  decoding: the plans differ by construction, the decodes themselves are real."""
+  calls = []
+
+  def fake(run, shortlist, budget, rounds=5):
+    best = picks[len(calls)] if len(calls) < len(picks) else AR
+    calls.append([m.spec for m in shortlist])
+    return {m: (1.0, 0.01, 1.0 if m == AR else 2.0 if m == best else 0.5) for m in shortlist + [best]}
+
+  fake.calls = calls
+  return fake
+
+
+REPLAN = planner.Auto(probe_tokens=0, measure=2, rounds=1, replan=4)
+
+
+def test_auto_replan_parses_and_is_refused_before_compiling():
+  assert methods.parse("auto:replan=8") == planner.Auto(replan=8) and planner.Auto().replan == planner.REPLAN
+  assert methods.build("auto", replan=0) == planner.Auto(replan=0)
+  model = helpers.tiny_model("huginn:tiny")
+  never = [(planner.common, "prefill_state"), (planner, "_depth_logits")]
+  for bad in ("auto:replan=-1", "auto:replan=1.5", "auto:replan=x", planner.Auto(replan=True)):
+    args = dict(prompts=[[1, 2, 3]], max_new_tokens=8, method=bad)
+    helpers.assert_rejected_before_compiling(model, args, "replan must be an int >= 0", never)
+
+
+def test_auto_replan_joins_two_picks_into_ar_greedy_on_a_batch(quick_planner, monkeypatch):
+  """Prompts of 3, 7 and 5 tokens: AR for 4 tokens, then the re-plan's chain for 8 from prompt + those; the
+  joined tokens are AR's, the stats join both segments and the plan gives both picks with their figures;
+  the second call takes both picks from the cache (no probe) and decodes the same tokens."""
+  fake = forced_measure([AR, lj.Chain(d1=1, gamma=2)])
+  monkeypatch.setattr(planner, "measure", fake)
+  model = helpers.tiny_model("huginn:tiny")
+  out = lj.generate(model, helpers.PROMPTS, max_new_tokens=helpers.MAX_NEW, method=REPLAN)
+  assert out.tokens == helpers.ar_tokens(model, helpers.PROMPTS, helpers.MAX_NEW)
+  plan = out.stats["plan"]
+  assert plan["picks"] == ["ar", "chain:d1=1,gamma=2"] and plan["choice"] == "ar" and not plan["cached"]
+  second = plan["replan"]
+  assert second["choice"] == "chain:d1=1,gamma=2" and second["after_tokens"] == 4 and not second["cached"]
+  assert second["reason"].startswith("after 4 tokens of ar, on prompt + those: chain(d1=1,gamma=2)")
+  assert second["top"][0]["x_ar"] == 2.0 and "measured on these requests (2 new tokens" in second["basis"]
+  assert second["depth_curve"] == plan["depth_curve"]  # the first plan's curve: no second depth probe
+  assert out.stats["method"] == "auto" and out.stats["per_request"]["tokens"] == [helpers.MAX_NEW] * 3
+  seg = out.stats["segments"]
+  assert [s["method"] for s in seg] == ["ar", "chain"] and [s["tokens"] for s in seg] == [12, 24]
+  assert out.stats["ticks"] == seg[0]["ticks"] + seg[1]["ticks"]
+  assert out.stats["decode_seconds"] == pytest.approx(seg[0]["decode_seconds"] + seg[1]["decode_seconds"])
+  again = lj.generate(model, helpers.PROMPTS, max_new_tokens=helpers.MAX_NEW, method=REPLAN)
+  assert len(fake.calls) == 2 and again.tokens == out.tokens
+  assert again.stats["plan"]["cached"] and again.stats["plan"]["replan"]["cached"]
+
+
+def test_auto_replan_stops_requests_at_eos_and_skips_when_short(quick_planner, monkeypatch):
+  """eos: request 1 ends within the first 6 tokens (a one-token dummy of the continuation, dropped), the
+  others later; every request's tokens are AR's cut at its eos. No re-plan when max_new_tokens <= N."""
+  monkeypatch.setattr(planner, "measure", forced_measure([lj.Chain(d1=1, gamma=2), AR]))
+  got = helpers.eos_run("huginn:tiny", None, dataclasses.replace(REPLAN, replan=6))
+  assert got.stats["plan"]["picks"] == ["chain:d1=1,gamma=2", "ar"]
+  assert got.stats["per_request"]["tokens"] == [len(t) for t in got.tokens] and len(got.tokens[1]) <= 5 < 6 < max(
+      map(len, got.tokens)
+  )
+  short = lj.generate(helpers.tiny_model("huginn:tiny"), helpers.PROMPTS, max_new_tokens=4, method=REPLAN)
+  assert short.stats["plan"]["replan"] == {"skipped": "max_new_tokens 4 <= replan 4"}
+  assert short.stats["plan"]["picks"] == ["ar"] and short.stats["method"] == "ar"
+
+
+def test_auto_replan_sampled_keys_go_on_by_position(quick_planner, monkeypatch):
+  """Sampled (T = 1, Raven's random initial states): AR for 4 tokens, then AR again from prompt + those 4
+  (forced, so both segments are token-identical to AR under sampling): the joined tokens are ONE AR run's,
+  so the continuation draws each position's key and noise exactly where AR does (a restart would not)."""
+  monkeypatch.setattr(planner, "measure", forced_measure([AR, AR]))
+  model = helpers.tiny_model("huginn:tiny")
+  kw = dict(max_new_tokens=helpers.MAX_NEW, temperature=1.0, seed=3, init_state="random", request_ids=[4, 0, 9])
+  out = lj.generate(model, helpers.PROMPTS, method=REPLAN, **kw)
+  assert out.stats["plan"]["picks"] == ["ar", "ar"] and out.stats["method"] == "ar"
+  assert out.stats["segments"][1]["tokens"] == 3 * (helpers.MAX_NEW - 4)
+  assert out.tokens == lj.generate(model, helpers.PROMPTS, method="ar", **kw).tokens
+  again = lj.generate(model, helpers.PROMPTS, method=REPLAN, **kw)  # cached second pick = first: one run
+  assert again.tokens == out.tokens and "one run" in again.stats["plan"]["replan"]["skipped"]
+
+
+def test_a_sampled_probe_draws_other_keys_than_its_decode():
+  """The pick must not depend on the draws the decode then makes: a sampled probe runs at the next seed."""
+  run = functools.partial(lambda m, b=None, *, sampling: sampling["seed"], sampling={"temperature": 0.8, "seed": 5})
+  assert run(AR) == 5 and planner.probe_run(run)(AR, 4) == 6
+  greedy = functools.partial(run, sampling={"temperature": 0.0, "seed": 5})
+  assert planner.probe_run(greedy) is greedy

@@ -38,6 +38,16 @@ class Method:
     `method` at this call's shapes for `budget` new tokens (the planner's measured probe)."""
     return self, None
 
+  def generate(self, model, prompts, max_new_tokens: int, greedy: bool, run, run_at=None):
+    """The `GenerateResult` of `generate`'s call: `resolve`, then `run` the method it gives (with the plan, if
+    any, as stats["plan"]). `run_at(prompts, max_new_tokens)` gives the `run` of another call with the same
+    settings (a planner that re-plans continues the requests from a prefix through it: `planner.Auto`)."""
+    del run_at
+    spec, plan = self.resolve(model, prompts, max_new_tokens, greedy, run=run)
+    result = run(spec)
+    result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
+    return result
+
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     """The `decoding.common.Decoder` that runs this method on a model with config `cfg`."""
     raise NotImplementedError(f"{type(self).__name__}.make_decoder")

@@ -79,6 +79,25 @@ class DecodeStats:
       out = out + s
     return out
 
+  def then(self, later: "DecodeStats", live=None) -> "DecodeStats":
+    """The counts of the SAME requests decoded on by `later` (a continuation from the tokens these counts
+    produced: `planner.Auto` re-planning): per-request counters add request by request (only where `live` [B]
+    is true, default all: a request that had finished ran as a one-token dummy), totals add, maxima take the
+    max. Of one method and configuration, the result is that method's; of two, method 'auto' (no settings:
+    the picks are in the plan), whose derived figures are the common ones."""
+    n = self.requests
+    if later.requests != n:
+      raise ValueError(f"then: {later.requests} requests continue {n}")
+    live = [True] * n if live is None else [bool(x) for x in live]
+    same = (self.method, self.settings) == (later.method, later.settings)
+    rows = {}
+    for k in self._row_keys(later):
+      a, b = self.per_request.get(k, [0] * n), later.per_request.get(k, [0] * n)
+      rows[k] = [x + (y if keep else 0) for x, y, keep in zip(a, b, live)]
+    tot = {k: self.totals.get(k, 0) + later.totals.get(k, 0) for k in {**self.totals, **later.totals}}
+    mx = {k: max(self.maxima.get(k, 0), later.maxima.get(k, 0)) for k in {**self.maxima, **later.maxima}}
+    return DecodeStats(self.method if same else "auto", dict(self.settings) if same else {}, rows, tot, mx)
+
   def drop_requests(self, n: int) -> "DecodeStats":
     """The stats of the first n requests (a mesh pads the batch with dummy requests; they are not counted)."""
     rows = {k: list(v[:n]) for k, v in self.per_request.items()}
