@@ -500,7 +500,8 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
 
   Exact whatever the picks: the continuation is a `generate` call on prompt + prefix, whose positions (and
   so its per-(request, position) keys and Raven noise) go on from the prefix's, so greedy output is AR's and
-  sampled output is AR's distribution (AR + AR: AR's tokens). A request that finished (its eos) within the
+  sampled output is AR's distribution (AR + AR: AR's tokens up to float rounding: a prefill and step-by-step
+  decoding of the prefix may round the logits differently). A request that finished (its eos) within the
   first N tokens runs the continuation as a one-token dummy (the batch keeps its compiled shapes) and its
   token and counts are dropped. Both picks are cached (`PLANS`: the second under the first's key + ('replan',
   N)); a cached call whose second pick is the first decodes in one run. stats["plan"]: the first plan, with
