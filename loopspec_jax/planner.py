@@ -332,12 +332,17 @@ def measured_shortlist(ranked: List[Candidate], draft_model=None, per_family: Op
   return out
 
 
+def _sampling_of(run) -> dict:
+  """The sampling settings of a `generate` call's `run` (a partial of `api._run`); {} for any other `run`."""
+  return getattr(run, "keywords", {}).get("sampling") or {}
+
+
 def probe_run(run):
   """The `run` the measured probe calls: a sampled call's probe draws from the next seed's keys, so that the
   pick does not depend on the very draws its decode then makes (were it chosen on them, the sampled output
   would lean toward what the picked method happens to accept well: exact per method, biased by the choice).
   Greedy, or a `run` that is not `generate`'s (no sampling keywords): `run` itself."""
-  sampling = getattr(run, "keywords", {}).get("sampling")
+  sampling = _sampling_of(run)
   if not sampling or float(sampling.get("temperature", 0.0)) == 0.0:
     return run
   return functools.partial(run, sampling=dict(sampling, seed=int(sampling["seed"]) + 1))
@@ -457,7 +462,7 @@ def make_plan(
 
 def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: "Auto", run) -> tuple:
   """`plan_key` of a `generate` call, its sampling settings (all but the seed) read off its `run`."""
-  sampling = tuple(sorted(getattr(run, "keywords", {}).get("sampling", {}).items())) or greedy
+  sampling = tuple(sorted(_sampling_of(run).items())) or greedy
   sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
   return plan_key(model, prompts, max_new_tokens, sampling, auto)
 
@@ -524,7 +529,7 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
     result.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": skip})
     return result
   head = run(first, n)
-  eos = getattr(run, "keywords", {}).get("sampling", {}).get("eos_id")
+  eos = _sampling_of(run).get("eos_id")
   live = [len(t) == n and not (eos is not None and eos in t) for t in head.tokens]
   if not any(live):
     head.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": f"every request finished within {n} tokens"})

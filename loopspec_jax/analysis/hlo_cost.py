@@ -29,7 +29,7 @@ Copies whose operand is at least one cache slot (B x KV x T x D) are listed; "lo
 whole loop-carried buffer (the defect of issue 9). Conditionals count their most expensive branch (by
 bytes) unless `branch="mean"` (every branch alike) or `branch` is a tuple of weights: then a conditional
 with that many branches counts sum_i w_i x branch i (a measured branch mix, e.g. how often each width of a
-LoopSpec tick's `lax.switch` ran: `BranchMix`), any other still its most expensive one.
+LoopSpec tick's `lax.switch` ran: `calibrate.branch_mix`), any other still its most expensive one.
 """
 
 from __future__ import annotations
