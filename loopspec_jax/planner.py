@@ -32,17 +32,18 @@ noise go on from the prefix, so the join is exact). It catches acceptance the pr
 that falls into repeats, where prompt lookup gains (results/bench_auto/epyc2-2026-12-04-replan-tau).
 
 The plan is computed once per (model, batch, prompt and context buckets, sampling settings, device, planner
-settings) and kept in `PLANS` (with re-planning, the second pick too, under the same key + ('replan', N)): later calls of that shape cost what the picked fixed method costs. The choice
-and the top candidates (measured and predicted tokens / iteration and ms / iteration, tokens / s) go to
-`GenerateResult.stats["plan"]`, with `plan_seconds` (the one-off cost), `cached`, `picks` and `replan` (the
-second plan, or why there was none). The serving engine plans from the prediction alone (`engine_plan`: no
-requests exist when it starts; no re-planning).
+settings) and kept in `PLANS` (the second pick under the same key + ('replan', N); on disk too, in the user
+cache once `user_cache.enable`d, as every console script does): later calls of that shape cost what the picked
+method costs. The choice and the top candidates (measured and predicted tokens and ms per iteration, tokens/s)
+go to stats["plan"], with `plan_seconds`, `cached`, `picks` and `replan` (the second plan, or why none). The
+serving engine plans from the prediction alone (`engine_plan`: no requests when it starts; no re-planning).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import time
 from typing import List, Optional, Tuple, Union
 
@@ -62,6 +63,8 @@ from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.models import looped as M
 from loopspec_jax.models.model import LoopedModel
+from loopspec_jax import user_cache
+from loopspec_jax.probe import sampling_of, measure, probe_run  # the measured probe (re-exported)
 
 ENVELOPE = (0.175, 1.03)  # Theorem 2's (beta, alpha) for Huginn-0125 (docs/loopspec.md check value)
 # Kernels per (layer, recurrent step) of a decode loop: tiny-raven's AR token compiles to 3085 ops for its
@@ -225,10 +228,10 @@ _DEVICE_KINDS = (
 
 @functools.lru_cache(maxsize=None)
 def hardware_for(cfg: ModelConfig, working_set: float) -> Hardware:
-  """The device's `Hardware`: an accelerator's public figures (configs/accelerators.py) when jax runs on one
+  """The device's `Hardware`: an accelerator's public figures (analysis/accelerators.py) when jax runs on one
   it knows, else this host measured at cfg's shapes (quick microbenchmarks, once per process and shape)."""
   from loopspec_jax.analysis import calibrate, hardware
-  from loopspec_jax.configs import accelerators
+  from loopspec_jax.analysis import accelerators
 
   kind = jax.devices()[0].device_kind.lower()
   for key, name in _DEVICE_KINDS:
@@ -271,16 +274,15 @@ def rank(cfg: ModelConfig, hw: Hardware, batch: int, context: int, curve, greedy
   from loopspec_jax.analysis import cost
 
   ws = sum(cost.param_bytes(cfg).values()) + batch * cost.ar_token_bytes(ccfg, context)["kv"]
-  timed = [
-      dataclasses.replace(c, iteration_s=hw.step_seconds(_hlo_cost(ccfg, c.method, batch, greedy), ws)) for c in picked
-  ]
-  return sorted(timed, key=lambda c: -c.tokens_per_s)
+  retime = lambda c: dataclasses.replace(c, iteration_s=hw.step_seconds(_hlo_cost(ccfg, c.method, batch, greedy), ws))
+  return sorted(map(retime, picked), key=lambda c: -c.tokens_per_s)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The plan: analytic ranking, then a short measured probe of the shortlist on the requests themselves
 # ---------------------------------------------------------------------------------------------------
-PLANS: dict = {}  # the plan cache: plan_key(...) -> (method, plan); `clear_plans()` empties it
+# plan_key(...) -> (method, plan), on disk too when `user_cache.enable`d; `clear_plans()` empties the memory
+PLANS: dict = user_cache.PlanStore(salt=hashlib.sha256(open(__file__, "rb").read()).hexdigest())
 AR_MARGIN = 1.05  # a speculative pick must beat AR's measured rate by this much (noise guard), else AR
 
 
@@ -294,7 +296,8 @@ def plan_key(model, prompts, max_new_tokens: int, sampling, auto: "Auto") -> tup
   cfg = model.config
   tp, total = common.buckets([len(p) for p in prompts], max_new_tokens, cfg)
   device = jax.devices()[0].device_kind
-  return (cfg, id(model), len(prompts), tp, total, sampling, device, auto, id(auto.draft_model))
+  ident = user_cache.identity
+  return (cfg, ident(model), len(prompts), tp, total, sampling, device, auto, ident(auto.draft_model))
 
 
 def _family(m: Method):
@@ -329,59 +332,6 @@ def measured_shortlist(ranked: List[Candidate], draft_model=None, per_family: Op
   out.append(Lookup(ngram=3, gamma=4))
   if draft_model is not None:
     out.append(Draft(draft_model=draft_model, gamma=4))
-  return out
-
-
-def _sampling_of(run) -> dict:
-  """The sampling settings of a `generate` call's `run` (a partial of `api._run`); {} for any other `run`."""
-  return getattr(run, "keywords", {}).get("sampling") or {}
-
-
-def probe_run(run):
-  """The `run` the measured probe calls: a sampled call's probe draws from the next seed's keys, so that the
-  pick does not depend on the very draws its decode then makes (were it chosen on them, the sampled output
-  would lean toward what the picked method happens to accept well: exact per method, biased by the choice).
-  Greedy, or a `run` that is not `generate`'s (no sampling keywords): `run` itself."""
-  sampling = _sampling_of(run)
-  if not sampling or float(sampling.get("temperature", 0.0)) == 0.0:
-    return run
-  return functools.partial(run, sampling=dict(sampling, seed=int(sampling["seed"]) + 1))
-
-
-def _sample(result) -> Tuple[float, float]:
-  """(seconds / iteration, tokens / iteration per request) of one probe run."""
-  c = result.counts
-  iters = max(c.totals.get("iterations", 0), 1)
-  return c.totals["decode_seconds"] / iters, c.tokens / c.requests / iters
-
-
-def measure(run, shortlist: List[Method], budget: int, rounds: int = 5) -> dict:
-  """method -> (tokens / iteration, seconds / iteration, rate / AR's rate) of `budget` new tokens of these
-  requests. One untimed run each compiles (into the method's own jit cache, which the planned call then
-  reuses); then `rounds` short rounds, each running every candidate once in an order rotated by one per
-  round. Each candidate's rate is compared with AR's IN THE SAME ROUND (so a host whose load drifts between
-  rounds shifts both alike), and the figure kept is the median over rounds of that ratio (with the median
-  round's seconds and tokens per iteration): results/bench_auto/vm-2026-12-03 saw the fastest of 2 rounds
-  reward whichever candidate met a quiet moment of a loaded host (its pick's probe was 5x too fast).
-  shortlist[0] must be AR."""
-  if not isinstance(shortlist[0], AR):
-    raise ValueError("measure: the shortlist's first method must be AR (the in-round reference)")
-  for m in shortlist:
-    run(m, budget)
-  per = {m: [] for m in shortlist}
-  n = len(shortlist)
-  for r in range(rounds):
-    got = {}
-    for i in range(n):
-      m = shortlist[(i + r) % n]
-      got[m] = _sample(run(m, budget))
-    ar_rate = got[shortlist[0]][1] / got[shortlist[0]][0]
-    for m, (sec, tok) in got.items():
-      per[m].append((tok / sec / ar_rate, sec, tok))
-  out = {}
-  for m, v in per.items():
-    ratio, sec, tok = sorted(v)[len(v) // 2]
-    out[m] = (tok, sec, ratio)
   return out
 
 
@@ -427,6 +377,7 @@ def make_plan(
   if run is not None and auto.measure:
     budget = min(int(auto.measure), max_new_tokens)
     shortlist = measured_shortlist(ranked, auto.draft_model)
+    shortlist = shortlist if auto.candidates is None else shortlist[: 1 + int(auto.candidates)]
     for m in shortlist:
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
     rounds = int(auto.rounds or 5)
@@ -462,7 +413,7 @@ def make_plan(
 
 def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: "Auto", run) -> tuple:
   """`plan_key` of a `generate` call, its sampling settings (all but the seed) read off its `run`."""
-  sampling = tuple(sorted(_sampling_of(run).items())) or greedy
+  sampling = tuple(sorted(sampling_of(run).items())) or greedy
   sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
   return plan_key(model, prompts, max_new_tokens, sampling, auto)
 
@@ -526,10 +477,11 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
     skip = f"the cached second pick is the first ({first.spec}): one run"
   if skip is not None:
     result = run(first)
+    result.counts = result.counts.as_planned()  # it adds to the counts of other picks of an `auto` row
     result.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": skip})
     return result
   head = run(first, n)
-  eos = _sampling_of(run).get("eos_id")
+  head.counts, eos = head.counts.as_planned(), sampling_of(run).get("eos_id")
   live = [len(t) == n and not (eos is not None and eos in t) for t in head.tokens]
   if not any(live):
     head.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": f"every request finished within {n} tokens"})
@@ -561,9 +513,11 @@ class Auto(Method):
   """The planner's choice for the requests of each `generate` call (module docstring); `probe_tokens`: prompt
   tokens of the depth-agreement probe (0: Theorem 2's envelope, no probe); `shortlist`: see `rank` (HLO
   re-timing; compiles abstract loops, slow); `measure`: new tokens each shortlisted method decodes on the
-  requests before the pick (0: the prediction alone); `rounds`: the probe's interleaved rounds; `replan`: new
-  tokens decoded with the first pick before the probe re-runs on prompt + those tokens and picks again for
-  the rest (`generate`; 0: off, None: `REPLAN`); `draft_model`: a drafter to consider ('draft')."""
+  requests before the pick (0: the prediction alone), `candidates` of them at most besides AR, best
+  predicted first (None: the whole `measured_shortlist`; each one compiles); `rounds`: the probe's
+  interleaved rounds; `replan`: new tokens decoded with the first pick before the probe re-runs on prompt +
+  those tokens and picks again for the rest (`generate`; 0: off, None: `REPLAN`); `draft_model`: a drafter
+  to consider ('draft')."""
 
   name = "auto"
   probe_tokens: Optional[int] = 32
@@ -571,6 +525,7 @@ class Auto(Method):
   measure: Optional[int] = 16
   rounds: Optional[int] = 5
   replan: Optional[int] = REPLAN
+  candidates: Optional[int] = None
   draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
@@ -580,7 +535,7 @@ class Auto(Method):
   def validate(self, cfg: ModelConfig) -> None:
     if self.rounds is not None and int(self.rounds) < 1:
       raise ValueError(f"auto: rounds must be >= 1, got {self.rounds}")
-    for f in ("probe_tokens", "shortlist", "measure"):
+    for f in ("probe_tokens", "shortlist", "measure", "candidates"):
       if getattr(self, f) is not None and int(getattr(self, f)) < 0:
         raise ValueError(f"auto: {f} must be >= 0, got {getattr(self, f)}")
     r = self.replan

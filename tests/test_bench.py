@@ -231,3 +231,51 @@ def test_row_cost_measures_every_row_count_and_bounds_the_ratio():
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_demo_auto_row_adds_runs_whose_picks_differ(monkeypatch):
+  """The demo's `auto` row sums runs of several prompts whose plans pick different methods, and calls that
+  re-planned to a second pick (`DecodeStats.then`: method 'auto'): the picks are forced, not hoped for."""
+  import loopspec_jax as lj
+  from loopspec_jax import methods, planner
+
+  picks = {  # prompt length -> (first pick, second pick after `replan` tokens)
+      3: (methods.Chain(d1=2, gamma=2), methods.AR()),
+      2: (methods.Lookup(gamma=2), methods.Lookup(gamma=2)),
+  }
+
+  def forced_plan(model, prompts, max_new_tokens, greedy, auto, run=None, curve=None):
+    first, second = picks[len(prompts[0]) if curve is None else len(prompts[0]) - auto.replan]
+    m = first if curve is None else second
+    curve = {"beta": 1.0, "alpha": 1.0, "source": "forced"}
+    return m, {"choice": m.spec, "reason": "forced by the test", "depth_curve": curve}
+
+  real_key = planner.plan_key  # one plan per prompt (the demo's prompts may share a shape bucket)
+  monkeypatch.setattr(planner, "plan_key", lambda model, prompts, *a: real_key(model, prompts, *a) + (len(prompts[0]),))
+  monkeypatch.setattr(planner, "PLANS", {})
+  monkeypatch.setattr(planner, "make_plan", forced_plan)
+  model = common.resolve_model("random:huginn:tiny", contraction=0.05, seed=0)
+  auto = lj.Auto(probe_tokens=0, measure=4, replan=3)
+  runs = [("ar", dict(method="ar")), ("auto", dict(method=auto))]
+  prompts = [[1, 2, 3], [4, 5]]
+  out = demo.decode_interleaved(model, prompts, runs, max_new_tokens=6, seed=0, repeats=1, temperature=0.0)
+  assert out["auto"][0] == out["ar"][0]  # every pick is exact
+  agg = out["auto"][1]
+  assert agg["method"] == "auto" and agg["tokens"] == 12 and agg["batch"] == 2
+  # prompt 0 re-planned to another pick (two segments), prompt 1's cached second pick was its first (one run)
+  assert [p["picks"] for p in agg["plans"]] == [["chain:d1=2,gamma=2", "ar"], ["lookup:gamma=2"]]
+  assert demo.auto_line(out["ar"][1], *out["auto"]).startswith("auto:")
+
+
+def test_stats_of_different_methods_add_only_for_the_planner():
+  from loopspec_jax.decoding.stats import DecodeStats
+
+  a = DecodeStats("chain", {"d1": 2}, {"tokens": [4], "rounds": [2]}, {"iterations": 2, "decode_seconds": 1.0})
+  b = DecodeStats("ar", {}, {"tokens": [3, 5]}, {"iterations": 8, "decode_seconds": 2.0})
+  with pytest.raises(ValueError, match="only runs of one method"):
+    a + b
+  mixed = a.as_planned() + b.as_planned()
+  assert (mixed.method, mixed.settings, mixed.planned) == ("auto", {}, True)
+  assert mixed.per_request == {"tokens": [4, 3, 5], "rounds": [2, 0, 0]}
+  assert mixed.summary()["tokens"] == 12 and mixed.summary()["decode_seconds"] == 3.0
+  assert (a.as_planned() + a.as_planned()).method == "chain"  # one pick keeps its own figures

@@ -4,11 +4,17 @@ A decoder's final loop state becomes a `DecodeStats` of raw counts only:
 - `per_request`: a list per counter with one entry per request (tokens, rounds, accepted, ticks, ...),
 - `totals`: counters of the whole batched loop (iterations, core-step calls, layer calls, seconds),
 - `maxima`: counters combined by max (the most live lanes seen),
-- `settings`: the static configuration (d1, gamma, R, ...), equal for every run that is added.
+- `settings`: the static configuration (d1, gamma, R, ...), equal for every run that is added,
+- `planned`: the run was decoded by the planner (`method="auto"`), whose picks differ from call to call.
 `a + b` (and `sum(stats_list, start)`, `DecodeStats.total(stats_list)`) concatenates the per-request lists and
 sums the totals, so a benchmark's many `generate` calls become one `DecodeStats`. Derived figures (accepted
 length, acceptance rate, tokens per second, ...) come from `summary()`: the figures every method shares here,
 the method's own from its class's `derived` (`decoding.method.Method`); no caller recomputes them.
+
+Runs of different methods or configurations do not add (a benchmark row must not silently mix them), except
+runs the planner made: `auto`'s picks depend on the request and on measured probe times, so the runs of one
+`auto` row (several prompts, or the two segments of a re-planned call, `then`) combine into method "auto"
+with no settings and the figures every method shares; which method ran where is in each call's stats["plan"].
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class DecodeStats:
   per_request: Dict[str, List] = dataclasses.field(default_factory=dict)
   totals: Dict[str, float] = dataclasses.field(default_factory=dict)
   maxima: Dict[str, float] = dataclasses.field(default_factory=dict)
+  planned: bool = False  # decoded by the planner (method="auto"): runs of other picks may join it
 
   @classmethod
   def of_loop(
@@ -55,15 +62,27 @@ class DecodeStats:
   def __add__(self, other: "DecodeStats") -> "DecodeStats":
     if not isinstance(other, DecodeStats):
       return NotImplemented
-    if (self.method, self.settings) != (other.method, other.settings):
+    same = self._config == other._config
+    if not same and not (self.planned and other.planned):
       raise ValueError(
           f"cannot add stats of {self.method} {self.settings} and {other.method} {other.settings}: "
-          "only runs of one method and configuration add"
+          "only runs of one method and configuration add (or runs of the planner, method='auto')"
       )
-    rows = {k: list(self.per_request.get(k, [])) + list(other.per_request.get(k, [])) for k in self._row_keys(other)}
+    pad = lambda s, k: list(s.per_request.get(k, [0] * s.requests))  # a counter one method lacks counts 0
+    rows = {k: pad(self, k) + pad(other, k) for k in self._row_keys(other)}
+    return self._joined(other, rows, same)
+
+  @property
+  def _config(self) -> tuple:
+    return self.method, self.settings
+
+  def _joined(self, other: "DecodeStats", rows: dict, same: bool) -> "DecodeStats":
+    """These counts and `other`'s with per-request `rows`: totals add, maxima take the max; of two
+    configurations (planner runs) method 'auto' with no settings."""
     tot = {k: self.totals.get(k, 0) + other.totals.get(k, 0) for k in {**self.totals, **other.totals}}
     mx = {k: max(self.maxima.get(k, 0), other.maxima.get(k, 0)) for k in {**self.maxima, **other.maxima}}
-    return DecodeStats(self.method, dict(self.settings), rows, tot, mx)
+    method, settings = (self.method, dict(self.settings)) if same else ("auto", {})
+    return DecodeStats(method, settings, rows, tot, mx, planned=self.planned and other.planned)
 
   def _row_keys(self, other) -> list:
     return list(dict.fromkeys(list(self.per_request) + list(other.per_request)))
@@ -84,25 +103,27 @@ class DecodeStats:
     produced: `planner.Auto` re-planning): per-request counters add request by request (only where `live` [B]
     is true, default all: a request that had finished ran as a one-token dummy), totals add, maxima take the
     max. Of one method and configuration, the result is that method's; of two, method 'auto' (no settings:
-    the picks are in the plan), whose derived figures are the common ones."""
+    the picks are in the plan), whose derived figures are the common ones. The result is `planned`."""
     n = self.requests
     if later.requests != n:
       raise ValueError(f"then: {later.requests} requests continue {n}")
     live = [True] * n if live is None else [bool(x) for x in live]
-    same = (self.method, self.settings) == (later.method, later.settings)
     rows = {}
     for k in self._row_keys(later):
       a, b = self.per_request.get(k, [0] * n), later.per_request.get(k, [0] * n)
       rows[k] = [x + (y if keep else 0) for x, y, keep in zip(a, b, live)]
-    tot = {k: self.totals.get(k, 0) + later.totals.get(k, 0) for k in {**self.totals, **later.totals}}
-    mx = {k: max(self.maxima.get(k, 0), later.maxima.get(k, 0)) for k in {**self.maxima, **later.maxima}}
-    return DecodeStats(self.method if same else "auto", dict(self.settings) if same else {}, rows, tot, mx)
+    planned = dataclasses.replace(later, planned=True)
+    return dataclasses.replace(self, planned=True)._joined(planned, rows, self._config == later._config)
+
+  def as_planned(self) -> "DecodeStats":
+    """These counts marked as the planner's (`planned`): they may join runs of the planner's other picks."""
+    return dataclasses.replace(self, planned=True)
 
   def drop_requests(self, n: int) -> "DecodeStats":
     """The stats of the first n requests (a mesh pads the batch with dummy requests; they are not counted)."""
     rows = {k: list(v[:n]) for k, v in self.per_request.items()}
     tot = dict(self.totals, padded_requests=self.totals.get("padded_requests", 0) + len(self.per_request["tokens"]) - n)
-    return DecodeStats(self.method, dict(self.settings), rows, tot, dict(self.maxima))
+    return DecodeStats(self.method, dict(self.settings), rows, tot, dict(self.maxima), planned=self.planned)
 
   # -- reading ---------------------------------------------------------------------------------------
   def count(self, name: str):
@@ -130,7 +151,8 @@ class DecodeStats:
         "tokens_generated": n,
         "tokens": n,
         "prefill_seconds": self.totals.get("prefill_seconds", 0.0),
-        "decode_seconds": secs,
+        "decode_seconds": secs,  # after prefill, compiling left out (decoding/compile_clock.py)
+        "compile_seconds": self.totals.get("compile_seconds", 0.0),  # spent compiling inside these calls
         "tokens_per_second": n / max(secs, 1e-9),
         "ticks": iters,
         "tokens_per_tick": n / max(iters, 1),
