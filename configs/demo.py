@@ -31,6 +31,12 @@ def get_config(arg=None):
   # on float-level differences; lossless either way, see docs/engine.md "The second proposal's gate").
   c.gate_mass = 0.1
   # Also decode with method="auto" (loopspec_jax/planner.py: the planner's pick, planned once per prompt shape on
-  # its untimed first call, then cached) and print its row beside AR and LoopSpec.
+  # its untimed first call, then cached, on disk too: a second demo loads the plan) and print its row.
   c.auto = True
+  # The planner's measured probe: AR and this many of the best predicted candidates (each compiles once per
+  # sampling mode, which is most of a first run's time; none: the planner's whole shortlist), `auto_measure`
+  # new tokens each; re-planning after `auto_replan` tokens (0: off; none: the planner's default, 16).
+  c.auto_candidates = 1
+  c.auto_measure = 16
+  c.auto_replan = config_dict.placeholder(int)
   return c

@@ -36,6 +36,8 @@ import numpy as np
 import loopspec_jax
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax import api
+from loopspec_jax import methods
+from loopspec_jax import user_cache
 from loopspec_jax import configs
 from loopspec_jax.analysis import depth_metrics
 from loopspec_jax.configs import models as model_configs
@@ -153,8 +155,29 @@ def config_help(config_arg: str) -> str:
 
 
 def run(main, own: flags.FlagValues):
-  """absl's app.run with this experiment's own flags parsed first; logs quiet unless --verbosity asks."""
-  app.run(main, flags_parser=functools.partial(parse_flags, own))
+  """absl's app.run with this experiment's own flags parsed first; logs quiet unless --verbosity asks.
+  Compiled programs and plans are kept in the user cache (`user_cache.enable`: a second run loads them), and
+  a bad setting ends the script with one line naming it (`main_with_clear_errors`), not a traceback."""
+  user_cache.enable()
+  app.run(main_with_clear_errors(main), flags_parser=functools.partial(parse_flags, own))
+
+
+def main_with_clear_errors(main):
+  """`main` whose ValueError / FileNotFoundError (a setting the library refused before compiling) prints as
+  one line, 'error: <message>', and exits with status 2; `--verbosity=1` shows the traceback instead."""
+
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except (ValueError, FileNotFoundError) as e:
+      if logging.get_verbosity() >= logging.INFO:
+        raise
+      prog = os.path.basename(sys.argv[0]) if sys.argv else "loopspec"
+      print(f"{prog}: error: {e} (settings: --config.<field>=<value>; --help lists them)", file=sys.stderr)
+      sys.exit(2)
+
+  return wrapped
 
 
 class _OptionalParser(flags.ArgumentParser):
@@ -211,16 +234,9 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
   return loopspec_jax.load(spec, dtype=dtype)
 
 
-BEST_DEPTHS = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
-
-
 def best_depths(model) -> tuple:
-  """The (d1, d2) the theory and our sweeps favour for the model's family and depth."""
-  r = model.config.recurrence
-  d1, d2 = BEST_DEPTHS.get(model.family, (1, 2))
-  if r % d1 or not d1 < d2 < r or d2 % d1:
-    d1, d2 = 1, None
-  return d1, d2
+  """The (d1, d2) the theory and our sweeps favour for the model's family and depth (`methods.default_depths`)."""
+  return methods.default_depths(model.config)
 
 
 def prompts_for(cfg, task: str, model) -> list:

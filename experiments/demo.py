@@ -13,6 +13,7 @@ greedy LoopSpec reproduced the autoregressive tokens exactly.
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from absl import flags
@@ -26,13 +27,23 @@ from loopspec_jax.experiments import common
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"), "Demo settings.", flag_values=FLAGS)
 
+# 17-32 tokens each (tiny-raven's tokenizer), so that the four prompts share one prompt bucket and every
+# method compiles one prefill and one loop per sampling mode (`common.buckets`)
 PROMPTS = [
     "ROMEO:\nWhat light is this that breaks upon mine eyes?\n\nJULIET:\n",
-    "Question: Natalia sold 48 clips in April and half as many in May. How many clips did she sell?\nAnswer:",
+    "Question: Natalia sold 48 clips in April and half as many in May. How many did she sell?\nAnswer:",
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    "KING HENRY:\nOnce more unto the",
+    "KING HENRY:\nOnce more unto the breach, dear friends, once more;\n",
 ]
 SETTINGS = (("greedy", dict(temperature=0.0)), ("sampled T=1.0 top_p=0.7", dict(temperature=1.0, top_p=0.7)))
+
+
+def auto_method(config) -> "loopspec_jax.Auto":
+  """The demo's planner: the config's `auto_*` settings (a measured shortlist of `auto_candidates` methods
+  besides AR, `auto_measure` tokens each, re-planning after `auto_replan` tokens)."""
+  return loopspec_jax.Auto(
+      candidates=config.get("auto_candidates"), measure=config.get("auto_measure", 16), replan=config.get("auto_replan")
+  )
 
 
 def chosen_depths(model, config) -> tuple:
@@ -49,18 +60,23 @@ def prompt_ids(model) -> list:
   return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(PROMPTS))]
 
 
-def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, repeats: int = 3, **sampling) -> dict:
+def decode_interleaved(
+    model, prompts, runs, *, max_new_tokens: int, seed: int, repeats: int = 3, progress: bool = False, **sampling
+) -> dict:
   """Each prompt alone (as the paper measures) with every method of `runs` [(label, generate kwargs)]: one
   untimed compiling call per method, then `repeats` rounds that time each method once in turn (a slow spell
   of the shared machine hits all methods alike); per method and prompt the median-time call counts.
-  Returns {label: (outputs, summed stats)}."""
+  `progress`: a line per untimed call (what it compiled or planned). Returns {label: (outputs, summed stats)}."""
   out, plans = {label: ([], []) for label, _ in runs}, {}
   gen = lambda i, p, kw: loopspec_jax.generate(
       model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **sampling, **kw
   )
   for i, p in enumerate(prompts):
-    for _, kw in runs:
-      gen(i, p, kw)
+    for label, kw in runs:
+      t0 = time.perf_counter()
+      first = gen(i, p, kw)
+      if progress:
+        print(f"  prompt {i + 1}/{len(prompts)}, {label}: {warmup_note(first, time.perf_counter() - t0)}", flush=True)
     timed = {label: [] for label, _ in runs}
     for _ in range(max(int(repeats), 1)):
       for label, kw in runs:
@@ -75,6 +91,19 @@ def decode_interleaved(model, prompts, runs, *, max_new_tokens: int, seed: int, 
   for label, p in plans.items():
     results[label][1]["plans"] = p
   return results
+
+
+def warmup_note(result, seconds: float) -> str:
+  """What a method's first (untimed) call on a prompt cost: compiling, and the planner's work for 'auto'."""
+  st = result.stats
+  note = f"{seconds:.1f} s"
+  if st.get("compile_seconds", 0.0) >= 0.05:
+    note += f" ({st['compile_seconds']:.1f} s compiling)"
+  plan = st.get("plan")
+  if plan is not None:
+    how = "cached plan" if plan.get("cached") else f"planned in {plan.get('plan_seconds', 0.0):.1f} s"
+    note += f", {how}: picked {' then '.join(plan.get('picks', [plan['choice']]))}"
+  return note
 
 
 def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:
@@ -143,8 +172,8 @@ def main(argv):
     runs = [("autoregressive", dict(method="ar")), ("loopspec", ls_kw)]
     if d2 is not None and config.get("compare_single_proposal", True):
       runs.append(("loopspec single proposal", dict(method="loopspec", d1=d1, d2=None)))
-    if config.get("auto", True):
-      runs.append(("auto", dict(method="auto")))  # planned on each prompt's first (untimed) call, then cached
+    if config.get("auto", True):  # planned on each prompt's first (untimed) call, then cached (on disk too)
+      runs.append(("auto", dict(method=auto_method(config))))
     print(f"compiling and decoding {len(prompts)} prompts, methods interleaved: {[l for l, _ in runs]} ...", flush=True)
     results = decode_interleaved(
         model,
@@ -153,6 +182,7 @@ def main(argv):
         max_new_tokens=config.max_new_tokens,
         seed=config.seed,
         repeats=config.get("repeats", 3),
+        progress=True,
         **sampling,
     )
     (ar_out, ar), (ls_out, ls) = results["autoregressive"], results["loopspec"]

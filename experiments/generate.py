@@ -74,17 +74,24 @@ def generate_from_config(config, model: Optional[loopspec_jax.LoopedModel] = Non
   else:
     print(f"prompt ids: {ids}")
     print(f"output ids: {new}")
-  print(
-      f"{stats['tokens_generated']} tokens in {stats['decode_seconds']:.3f} s "
-      f"({stats['tokens_per_second']:.1f} tokens/s, prefill {stats['prefill_seconds']:.3f} s, "
-      f"first call includes compilation)"
-  )
+  print(speed_line(stats))
   return {
       "prompt_ids": ids,
       "tokens": new,
       "text": model.decode(new) if model.tokenizer is not None else None,
       "stats": stats,
   }
+
+
+def speed_line(stats: dict) -> str:
+  """Tokens, decode seconds and rate with compiling left out, and the compile seconds beside them."""
+  line = (
+      f"{stats['tokens_generated']} tokens in {stats['decode_seconds']:.3f} s of decoding "
+      f"({stats['tokens_per_second']:.1f} tokens/s; prefill {stats['prefill_seconds']:.3f} s)"
+  )
+  if stats.get("compile_seconds", 0.0) > 0.05:
+    line += f"; compiling took {stats['compile_seconds']:.1f} s more (not counted; a warm call skips it)"
+  return line
 
 
 def main(argv):

@@ -37,6 +37,7 @@ __all__ = [
     "NAMES",
     "argument_names",
     "build",
+    "default_depths",
     "parse",
     "parse_list",
     "parse_value",
@@ -71,10 +72,39 @@ def build(method: Union[str, Method], **kwargs) -> Method:
   return dataclasses.replace(base, **given)
 
 
+# The (d1, d2) the theory and our sweeps favour per family (docs/depth-analysis.md): the depths chain and
+# LoopSpec take when none are given, and the demo's; and chain's draft length when none is given.
+DEFAULT_CHAIN_GAMMA = 4
+DEFAULT_DEPTHS = {"huginn": (2, 8), "raven-llama": (2, 8), "raven-olmo": (2, 8), "ouro": (1, 2)}
+
+
+def default_depths(cfg) -> tuple:
+  """(d1, d2) of `DEFAULT_DEPTHS` for the model's family, or (1, None) where they do not fit its R."""
+  r = cfg.recurrence
+  d1, d2 = DEFAULT_DEPTHS.get(cfg.family, (1, 2))
+  if r % d1 or not d1 < d2 < r or d2 % d1:
+    d1, d2 = 1, None
+  return d1, d2
+
+
+def with_default_depths(m: Method, cfg) -> Method:
+  """Chain or LoopSpec without a `d1`: the family's default depths (`default_depths`; a given d2 stays);
+  chain without a `gamma`: `DEFAULT_CHAIN_GAMMA`."""
+  if isinstance(m, Chain) and m.gamma is None:
+    m = dataclasses.replace(m, gamma=DEFAULT_CHAIN_GAMMA)
+  if not isinstance(m, (Chain, LoopSpec)) or m.d1 is not None:
+    return m
+  d1, d2 = default_depths(cfg)
+  if isinstance(m, Chain):
+    return dataclasses.replace(m, d1=d1)
+  return dataclasses.replace(m, d1=d1, d2=d2 if m.d2 is None else m.d2)
+
+
 def build_checked(method: Union[str, Method], model, **kwargs) -> Method:
   """`build(method, **kwargs)` checked against the target `LoopedModel` (its config, and what needs the model
-  itself, e.g. a drafter's tokenizer): every check a method makes, before anything compiles."""
-  m = build(method, **kwargs)
+  itself, e.g. a drafter's tokenizer): every check a method makes, before anything compiles. Chain and
+  LoopSpec without depths take the family's defaults (`with_default_depths`)."""
+  m = with_default_depths(build(method, **kwargs), model.config)
   m.validate(model.config)
   m.check_target(model)
   return m

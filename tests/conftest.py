@@ -18,6 +18,9 @@ _ENV = "LOOPSPEC_TEST_JAX_CACHE"
 
 
 def pytest_configure(config):
+  # the console scripts keep compiled programs and plans in the user's cache (loopspec_jax/user_cache.py);
+  # tests that run them must not read or write it (a test of the cache sets its own folder)
+  os.environ.setdefault("LOOPSPEC_CACHE_DIR", "off")
   if _ENV not in os.environ:  # the xdist controller (or a serial run): the workers inherit the folder
     os.environ[_ENV] = tempfile.mkdtemp(prefix="loopspec-test-jax-cache-")
     config._loopspec_jax_cache = os.environ[_ENV]
