@@ -159,7 +159,9 @@ class LoopSpecLM(TemplateLM):
           "(and its arguments), batch_size, max_gen_toks, depth, seed, init_state, warmup"
       )
     del max_batch_size  # the harness's automatic batch sizing does not apply: batches are static shapes here
-    if device not in (None, "", "cpu", "cuda", "tpu", "jax"):
+    # "cuda:0" is the harness CLI's default (`lm_eval --device`), given on every run: only another device
+    # string was asked for, and it is the one this backend cannot honour (JAX picks its default backend)
+    if device not in (None, "", "cpu", "cuda", "cuda:0", "tpu", "jax"):
       log.warning("device=%r ignored: JAX places the model on its default backend", device)
     if model is None:
       model = loopspec_jax.load(str(pretrained), dtype=str(dtype))
