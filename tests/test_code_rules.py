@@ -3,6 +3,7 @@
 - no function over 80 lines, no module over 600 lines, in the package (`loopspec_jax/`, `experiments/`,
   `configs/`: the last two install as `loopspec_jax.experiments` / `loopspec_jax.configs`);
 - the library (everything but experiments and configs) never imports `loopspec_jax.experiments`;
+- results/ holds no .py or .sh file (scripts/ does);
 - no import cycle between the package's modules (module-level imports; an import inside a function runs
   when it is called, after every module is loaded, and is the way to break one).
 """
@@ -135,3 +136,9 @@ def test_no_import_cycle():
 )
 def test_cycle_finder(graph, cycles):
   assert _cycles(graph) == cycles
+
+
+def test_results_hold_data_not_code():
+  """Run folders under results/ hold data and a README with the command; scripts live in scripts/."""
+  code = sorted(str(p.relative_to(ROOT)) for ext in ("*.py", "*.sh") for p in (ROOT / "results").rglob(ext))
+  assert not code, f"move these to scripts/ (scripts/README.md): {code}"

@@ -1,7 +1,7 @@
 """Spawn demand of LoopSpec on the sweep's tiny-raven GSM8K prompts (configs/sweeps/bundled.py:tiny_raven):
 per (d1, d2, lane_capacity), gamma, skipped spawns, the most spawns one stage was asked to hold, live lanes.
 
-  python -P results/lanes/demand.py 1,5,1024 1,5,none ...      # d1,d2,capacity ('none': the default)
+  python -P scripts/results/lanes/demand.py 1,5,1024 1,5,none ...      # d1,d2,capacity ('none': the default)
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Markdown tables of this folder's jsonl rows: `python results/lanes/epyc2-2026-12-04-dynamic/summarize.py`."""
+"""Markdown tables of this folder's jsonl rows: `python scripts/results/lanes/epyc2-2026-12-04-dynamic/summarize.py`."""
 
 import glob
 import json

@@ -3,7 +3,7 @@ shape (the flat count table's) of seeds 0..7 from ../epyc2-2026-12-04-kseq (seed
 seed<s>/), of seeds 8..15 from chain_seed<s>/ and kseq_seed<s>/ here. Means over the seeds each row has,
 with their standard error; the target is chain's mean over the same seeds as the row.
 
-  .venv/bin/python -P results/trees_shape/epyc2-2026-12-04-kseq-b/seeds.py   # writes seeds.md beside it
+  .venv/bin/python -P scripts/results/trees_shape/epyc2-2026-12-04-kseq-b/seeds.py   # writes seeds.md beside it
 """
 
 import json

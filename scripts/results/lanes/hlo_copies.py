@@ -1,5 +1,5 @@
 """Copies in the optimised HLO of LoopSpec's decode loop on tiny-raven (greedy, 4 sweep prompts, 64 tokens):
-`python -P results/lanes/hlo_copies.py d1,d2[,capacity]`. Prints each copy / copy-start instruction of the
+`python -P scripts/results/lanes/hlo_copies.py d1,d2[,capacity]`. Prints each copy / copy-start instruction of the
 while body (and of the computations it calls) with its shape and bytes, largest first, and the sizes of the
 largest loop-carried buffers (the committed cache, the speculative store) to compare against. Library only,
 so PYTHONPATH may point at another checkout."""

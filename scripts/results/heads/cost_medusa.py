@@ -1,6 +1,6 @@
 """Draft cost of the Medusa heads beside a depth-d1 readout's, per drafted row, for a bundled target.
 
-  python -P results/heads/cost_medusa.py --out results/heads/<run>/cost.md
+  python -P scripts/results/heads/cost_medusa.py --out results/heads/<run>/cost.md
 
 Weight flops (2 x multiply-adds of the weight matrices, attention over the context not counted) and weight
 bytes (float32 parameters a row reads). Medusa: one row (the accepted node's feature) through every head per

@@ -2,7 +2,7 @@
 each seed is one T = 1 text per prompt, so a single run's tau moves by about +-0.2; the mean over the seeds is
 the figure to set against the target tau_chain + 0.4 (7 - tau_chain), chain's tau averaged the same way.
 
-  .venv/bin/python -P results/trees_shape/epyc2-2026-12-04-kseq/seeds.py   # writes seeds.md beside it
+  .venv/bin/python -P scripts/results/trees_shape/epyc2-2026-12-04-kseq/seeds.py   # writes seeds.md beside it
 """
 
 import json

@@ -1,5 +1,5 @@
 """Decode seconds per tick of greedy LoopSpec on tiny-raven's sweep prompts (4 GSM8K prompts, 64 new tokens,
-one batch): `python -P results/lanes/tick_time.py OUT.json d1,d2[,capacity] ...`. Imports only the library
+one batch): `python -P scripts/results/lanes/tick_time.py OUT.json d1,d2[,capacity] ...`. Imports only the library
 (not experiments/), so PYTHONPATH can point it at another checkout's `loopspec_jax` (the 'before' side).
 Per configuration: one untimed call (compile), then `REPEATS` timed calls; medians are taken by the caller
 across interleaved processes (`tick_compare.sh`)."""

@@ -1,6 +1,6 @@
 """Writes the optimised HLO of LoopSpec's decode loop on tiny-raven (greedy, 4 sweep prompts, 64 tokens) to a
 file and lists, per computation, the copy instructions of at least 1 MiB:
-`python -P results/lanes/epyc2-2026-12-04-dynamic/hlo_dump.py OUT.hlo d1,d2[,capacity]`."""
+`python -P scripts/results/lanes/epyc2-2026-12-04-dynamic/hlo_dump.py OUT.hlo d1,d2[,capacity]`."""
 
 import os
 import re

@@ -1,5 +1,5 @@
 """Medians of the interleaved tick timings (before.jsonl / after.jsonl of tick_compare.sh) and the demand rows
-into results/lanes/lanes.json: `python -P results/lanes/summarize.py TICK_DIR DEMAND_ROWS.jsonl...`."""
+into results/lanes/lanes.json: `python -P scripts/results/lanes/summarize.py TICK_DIR DEMAND_ROWS.jsonl...`."""
 
 import json
 import statistics
