@@ -24,6 +24,9 @@ def get_config(arg=None):
   c.max_new_tokens = 96
   c.seed = 0
   c.repeats = 3  # timed calls per prompt after the compiling one; the median counts
+  # Every fixed method of both phases compiles first, this many at a time (XLA compiles a program on one core:
+  # two side by side on a 2-core host take about half the time); the timed calls come after, alone.
+  c.compile_workers = 2
   # With a second proposal (d2), also time LoopSpec at (d1, -): what the second lane column buys on this hardware.
   c.compare_single_proposal = True
   # Sampled LoopSpec's gate also asks for this much residual mass sum(max(0, p_d2 - q1)) before it spends a

@@ -13,6 +13,7 @@ greedy LoopSpec reproduced the autoregressive tokens exactly.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from typing import Optional
 
@@ -155,6 +156,40 @@ def cache_note(model, d1: int, ratio: float, backend: str, cache_bytes: int) -> 
   )
 
 
+def demo_runs(config, d1: int, d2, sampling: dict) -> list:
+  """[(label, generate kwargs)] of one sampling setting: AR, LoopSpec (d1, d2), the single proposal (d1, -) when
+  d2 is set and `compare_single_proposal`, and `auto` when asked."""
+  ls_kw = dict(method="loopspec", d1=d1, d2=d2)
+  if d2 is not None and config.get("gate_mass") and sampling.get("temperature", 0.0) > 0:
+    ls_kw["gate_mass"] = float(config.gate_mass)  # greedy's gate is x2 != x1 whatever the mass
+  runs = [("autoregressive", dict(method="ar")), ("loopspec", ls_kw)]
+  if d2 is not None and config.get("compare_single_proposal", True):
+    runs.append(("loopspec single proposal", dict(method="loopspec", d1=d1, d2=None)))
+  if config.get("auto", True):  # planned on each prompt's first (untimed) call, then cached (on disk too)
+    runs.append(("auto", dict(method=auto_method(config))))
+  return runs
+
+
+def compile_all(model, prompt, phases, *, max_new_tokens: int, workers: int = 2) -> None:
+  """Compiles every fixed method of every phase up front, `workers` calls at a time: XLA compiles one program
+  on one core, so on a 2-core host two compile side by side in about half the time. `auto` is not run here:
+  its planning times probes, which must not share the host with a compile (it runs alone, later)."""
+  jobs = [
+      (f"{label} ({name.split()[0]})", dict(kw, **sampling)) for name, sampling, runs in phases for label, kw in runs
+  ]
+  jobs = [(label, kw) for label, kw in jobs if not label.startswith("auto ")]
+  print(f"compiling {len(jobs)} decoders, {workers} at a time ...", flush=True)
+  t0 = time.perf_counter()
+
+  def one(job):
+    label, kw = job
+    loopspec_jax.generate(model, [prompt], max_new_tokens=max_new_tokens, **kw)
+    print(f"  {label}: ready after {time.perf_counter() - t0:.1f} s", flush=True)
+
+  with concurrent.futures.ThreadPoolExecutor(max(int(workers), 1)) as pool:
+    list(pool.map(one, jobs))
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -163,17 +198,11 @@ def main(argv):
   d1, d2 = chosen_depths(model, config)
   prompts = prompt_ids(model)
   print(f"model: {model.family}, R={model.recurrence}, LoopSpec (d1, d2) = ({d1}, {d2})", flush=True)
-  gate = config.get("gate_mass")
-  for name, sampling in SETTINGS:
+  phases = [(name, sampling, demo_runs(config, d1, d2, sampling)) for name, sampling in SETTINGS]
+  compile_all(model, prompts[0], phases, max_new_tokens=config.max_new_tokens, workers=config.get("compile_workers", 2))
+  for name, sampling, runs in phases:
     print(f"\n=== {name} ===", flush=True)
-    ls_kw = dict(method="loopspec", d1=d1, d2=d2)
-    if d2 is not None and gate and sampling.get("temperature", 0.0) > 0:
-      ls_kw["gate_mass"] = float(gate)  # greedy's gate is x2 != x1 whatever the mass
-    runs = [("autoregressive", dict(method="ar")), ("loopspec", ls_kw)]
-    if d2 is not None and config.get("compare_single_proposal", True):
-      runs.append(("loopspec single proposal", dict(method="loopspec", d1=d1, d2=None)))
-    if config.get("auto", True):  # planned on each prompt's first (untimed) call, then cached (on disk too)
-      runs.append(("auto", dict(method=auto_method(config))))
+    ls_kw = dict(runs)["loopspec"]
     print(f"compiling and decoding {len(prompts)} prompts, methods interleaved: {[l for l, _ in runs]} ...", flush=True)
     results = decode_interleaved(
         model,

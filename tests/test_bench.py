@@ -279,3 +279,23 @@ def test_stats_of_different_methods_add_only_for_the_planner():
   assert mixed.per_request == {"tokens": [4, 3, 5], "rounds": [2, 0, 0]}
   assert mixed.summary()["tokens"] == 12 and mixed.summary()["decode_seconds"] == 3.0
   assert (a.as_planned() + a.as_planned()).method == "chain"  # one pick keeps its own figures
+
+
+def test_demo_compiles_every_fixed_method_of_both_phases_up_front(monkeypatch):
+  """compile_all: one call per (phase, fixed method), several at a time; auto is left to run alone."""
+  import threading
+
+  import loopspec_jax
+
+  calls, threads = [], set()
+  record = lambda model, prompts, **kw: calls.append((kw["method"], kw.get("temperature"))) or threads.add(
+      threading.get_ident()
+  )
+  monkeypatch.setattr(loopspec_jax, "generate", record)
+  from loopspec_jax.configs import demo as demo_config
+
+  cfg = demo_config.get_config()
+  phases = [(n, s, demo.demo_runs(cfg, 2, 8, s)) for n, s in demo.SETTINGS]
+  assert [l for l, _ in phases[0][2]] == ["autoregressive", "loopspec", "loopspec single proposal", "auto"]
+  demo.compile_all(None, [1, 2, 3], phases, max_new_tokens=4, workers=2)
+  assert sorted(calls, key=str) == sorted([(m, t) for t in (0.0, 1.0) for m in ("ar", "loopspec", "loopspec")], key=str)
