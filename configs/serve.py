@@ -33,6 +33,7 @@ def get_config(arg=None):
   c.max_body_bytes = 2 * 1024 * 1024  # larger request bodies get a 413 without being read
   c.chat_template = ""  # a Jinja chat template file for /v1/chat/completions ('' = the checkpoint's, if any)
   c.access_log = True  # one log line per request (uvicorn's access log)
+  c.shutdown_timeout = 10.0  # SIGTERM: seconds to let requests finish, then open connections are closed
   if arg == "quick":
     c.slots, c.warmup = 2, False
   elif arg:

@@ -9,6 +9,13 @@ time to first token (TTFT) and inter-token latency (ITL: the gap between a reque
 evenly over the chunk's tokens) p50 / p99 in ms, in process (`engine`) and through the HTTP server (`http`,
 streamed completions over a local socket). Rate 0 also reports `generate`'s decode ms per token for the same
 requests, and the engine's per-token overhead against it.
+
+  loopspec-serve-bench --soak_minutes=10 --soak_out=results/serve_soak/<run>
+
+runs the soak instead (loopspec_jax/serving/soak.py): `loopspec-serve` as its own process on 127.0.0.1 (with
+`--soak_server_args`), N minutes of mixed load with faults (disconnects, malformed and oversized bodies, slow
+and vanishing clients, the tokenizer process killed), /health probed throughout, then SIGTERM with a stalled
+client; it prints (and writes to `soak_out`/summary.json) the outcome of every request by kind and status.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ flags.DEFINE_boolean(
 flags.DEFINE_boolean("http", True, "Also measure through the HTTP server.", flag_values=FLAGS)
 flags.DEFINE_integer("seed", 0, "Arrival-time seed.", flag_values=FLAGS)
 flags.DEFINE_string("out", None, "Write the rows as JSON here.", flag_values=FLAGS)
+flags.DEFINE_float(
+    "soak_minutes", 0.0, "> 0: run the soak (mixed load with faults) this long instead.", flag_values=FLAGS
+)
+flags.DEFINE_string("soak_server_args", "", "Soak: extra loopspec-serve flags (space-separated).", flag_values=FLAGS)
+flags.DEFINE_string("soak_out", None, "Soak: write summary.json into this directory.", flag_values=FLAGS)
 
 
 def parse_methods(text: str) -> list:
@@ -210,10 +222,27 @@ def table(rows: list) -> str:
   return "\n".join(lines)
 
 
+def soak_main(f) -> int:
+  """The soak (loopspec_jax/serving/soak.py): prints its report; exit 1 when anything failed."""
+  import os
+
+  from loopspec_jax.serving import soak
+
+  run = soak.Soak(f.soak_minutes, f.soak_server_args.split(), model=f.model, seed=f.seed)
+  print(f"soak: loopspec-serve on {run.base} for {f.soak_minutes:g} minutes ...", flush=True)
+  summary = soak.run_and_report(run)
+  if f.soak_out:
+    os.makedirs(f.soak_out, exist_ok=True)
+    common.atomic_write_json(os.path.join(f.soak_out, "summary.json"), summary)
+  return 0 if summary["ok"] else 1
+
+
 def main(argv):
   del argv
 
   f = FLAGS
+  if f.soak_minutes > 0:
+    return soak_main(f)
   rates = [float(x) for x in common.split_list(f.rates)]
   rows = []
   for label, kw in parse_methods(f.methods):

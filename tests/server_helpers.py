@@ -10,6 +10,7 @@ tiny_raven_server(max_queue=2, **app_kw)   that engine behind a fresh app: (mode
                              openai client)
 expected_stop(model, ref, stops)   (text, token ids) of a request whose stop-free continuation is `ref`:
                              it ends at the first token whose prefix text holds a stop string
+health_during(base, fn)      (fn's result, /health latencies in s measured every 10 ms while fn ran on a thread)
 """
 
 from __future__ import annotations
@@ -108,3 +109,32 @@ def expected_stop(model, ref: list, stops: list, eos_id=None) -> tuple:
     if hits:
       return text[: min(hits)], list(ref[:k])
   return decode(ref), list(ref)
+
+
+def health_during(base: str, fn) -> tuple:
+  """(fn(), latencies): /health is requested every 10 ms (each must answer 200) while fn runs on a thread."""
+  import threading
+  import time
+
+  import requests
+
+  done, out = threading.Event(), {}
+
+  def run():
+    try:
+      out["r"] = fn()
+    finally:
+      done.set()
+
+  session = requests.Session()
+  session.get(base + "/health")
+  thread = threading.Thread(target=run)
+  thread.start()
+  latencies = []
+  while not done.is_set():
+    t0 = time.perf_counter()
+    assert session.get(base + "/health").status_code == 200
+    latencies.append(time.perf_counter() - t0)
+    time.sleep(0.01)
+  thread.join()
+  return out["r"], latencies

@@ -1,7 +1,7 @@
 """Chat templates: a list of {role, content} messages rendered to one prompt string, as HF `transformers` does.
 
-A template is a Jinja string (the `chat_template` of a checkpoint's tokenizer_config.json, or a file given to
-the server). It is rendered in Jinja's immutable sandbox with HF's conventions: `messages`,
+A template is a Jinja string (a checkpoint's chat_template.jinja, the `chat_template` of its
+tokenizer_config.json, or a file given to the server). It is rendered in Jinja's immutable sandbox with HF's conventions: `messages`,
 `add_generation_prompt=True`, `bos_token` / `eos_token` (the model's, as text) and `raise_exception(msg)`.
 A model without a template gets a clear 400 from /v1/chat/completions (protocol.parse_chat), not a guess.
 """
@@ -44,9 +44,16 @@ def token_text(model, token_id: Optional[int]) -> str:
   return model.tokenizer.id_to_token(int(token_id)) or ""
 
 
+TEMPLATE_FILE = "chat_template.jinja"  # HF's file name (transformers >= 4.43 saves the template there)
+
+
 def find_template(model) -> Optional[str]:
-  """The chat template a checkpoint directory ships (tokenizer_config.json's chat_template), else None."""
+  """The chat template a checkpoint directory ships: its chat_template.jinja, else tokenizer_config.json's
+  chat_template, else None. The bundled models ship a chat_template.jinja."""
   source = getattr(model, "source", None)
+  if source and os.path.isfile(os.path.join(str(source), TEMPLATE_FILE)):
+    with open(os.path.join(str(source), TEMPLATE_FILE)) as f:
+      return f.read()
   path = os.path.join(str(source), "tokenizer_config.json") if source else ""
   if not path or not os.path.isfile(path):
     return None

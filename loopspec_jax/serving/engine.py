@@ -19,7 +19,7 @@ settings in `SamplingParams`). `Engine.step` is one round trip:
 The method is any `Method` of the registry (`loopspec_jax.methods`: a name, a spec such as 'loopspec:2,8', or a
 `Method` object), built by `methods.build` and run through its own `make_decoder`.
 The decode loop compiles once per engine configuration (method, depths, slots, context, greedy kernels or
-not); prefill compiles once per 16-token prompt bucket (the buckets `generate` uses).
+not); prefill compiles once per 16-token prompt bucket (capped at the engine's context: `prompt_bucket`).
 
 Exactness: a request's tokens depend only on its prompt, settings and key (the per-(request, position,
 purpose) keys of every decoder; LoopSpec's lane table is rotated to the stage clock at admission), so they are
@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -54,6 +55,16 @@ from loopspec_jax.serving.slots import COUNTERS, finish_slot, insert_slot, tile_
 MAX_STOPS = 16  # stop strings per request (HumanEval's `until` has five)
 
 MAX_SEED = 2**31 - 1
+PREFILL_BUCKET = 16  # prompts are padded to a multiple of this (one prefill program per bucket), capped by the cache
+
+log = logging.getLogger("loopspec_jax.serving")
+
+
+def prompt_bucket(n: int, total: int) -> int:
+  """The padded prompt length of an n-token prompt in an engine whose cache holds `total` positions: the next
+  multiple of PREFILL_BUCKET, never more than `total` (a bucket past the cache cannot be written into it; the
+  engine refuses prompts of `total` tokens or more, so the cap still holds every prompt)."""
+  return min(-(-int(n) // PREFILL_BUCKET) * PREFILL_BUCKET, int(total))
 
 
 class RequestError(ValueError):
@@ -66,6 +77,10 @@ class RequestError(ValueError):
 
 class QueueFullError(RuntimeError):
   """The waiting queue is full: the request was refused (not dropped)."""
+
+
+class EngineFailedError(RuntimeError):
+  """The engine's loop died (`Engine.failure` says why): it accepts no more requests."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +130,7 @@ class Chunk:
   tokens: list
   text: str
   finished: bool
-  finish_reason: Optional[str]  # 'stop' (eos or a stop string), 'length', 'cancelled'
+  finish_reason: Optional[str]  # 'stop' (eos or a stop string), 'length', 'cancelled', 'error' (engine failed)
 
 
 @dataclasses.dataclass
@@ -195,6 +210,8 @@ class Engine:
     self._rng = np.random.default_rng(config.seed)
     self._thread = None
     self._stop = False
+    self.failure: Optional[str] = None  # why the loop died ('Type: message'); None while it runs
+    self.failed = threading.Event()
     self.metrics = EngineMetrics(method=self.method.name)
     self._prev_counters = np.zeros((b, len(COUNTERS)), np.int64)
     self._sp_base = None
@@ -227,7 +244,7 @@ class Engine:
 
   def _fresh(self, prompt: list, max_new: int, temperature, top_k, top_p, key_id):
     """The method's initial state for one request (prefilled at the engine's context), batch of one."""
-    tp, _ = common.buckets([len(prompt)], 0, self.cfg)
+    tp = prompt_bucket(len(prompt), self.total)
     prompt_arr, len_arr = common.batch_prompts([prompt], tp)
     sp1 = self._sp(1, max_new, temperature, top_k, top_p, [key_id])
     cache, tokens = common.prefill_for(
@@ -250,8 +267,9 @@ class Engine:
     return tile_slots(fresh, slots=self.config.slots)
 
   # ----- submission (any thread) --------------------------------------------------------------------
-  def validate(self, req: Request) -> Request:
-    """Checks a request against the model and this engine; raises RequestError naming the field."""
+  def validate(self, req: Request, score_only: bool = False) -> Request:
+    """Checks a request against the model and this engine; raises RequestError naming the field.
+    score_only: the prompt is scored, not continued (it may fill the whole context)."""
     cfg = self.cfg
     mt = req.max_tokens
     if isinstance(mt, bool) or not isinstance(mt, (int, np.integer)) or mt < 1:
@@ -259,7 +277,9 @@ class Engine:
     p = req.prompt
     if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple, np.ndarray)) or len(p) == 0:
       raise RequestError("prompt must be a non-empty list of token ids", "prompt")
-    if len(p) + int(mt) > self.total:  # before the per-token check: a huge prompt is refused at once
+    if (
+        len(p) + (0 if score_only else int(mt)) > self.total
+    ):  # before the per-token check: a huge prompt is refused at once
       raise RequestError(
           f"the prompt has {len(p)} tokens; with max_tokens={mt} it exceeds the context of {self.total} positions",
           "max_tokens" if len(p) < self.total else "prompt",
@@ -306,8 +326,11 @@ class Engine:
     """
     req = self.validate(req)
     with self._lock:
+      if self.failure is not None:
+        raise EngineFailedError(f"the engine failed ({self.failure}); the server must be restarted")
       if len(self._waiting) >= self.config.max_queue:
-        self.metrics.rejected += 1
+        with self.metrics.lock:
+          self.metrics.rejected += 1
         raise QueueFullError(
             f"the waiting queue is full ({self.config.max_queue} requests waiting, {self.config.slots} slots busy)"
         )
@@ -362,8 +385,9 @@ class Engine:
         (self.state.tokens, self.state.n_new, self.state.done, slots_lib.counters(self.state))
     )
     now = time.perf_counter()
-    self.metrics.busy_seconds += now - t0
-    self.metrics.calls += 1
+    with self.metrics.lock:
+      self.metrics.busy_seconds += now - t0
+      self.metrics.calls += 1
     self._account(counters)
     for slot, seq in enumerate(self._slots):
       if seq is None:
@@ -387,15 +411,15 @@ class Engine:
     self._prev_counters[slot] = 0
     seq.slot, seq.t_admit = slot, time.perf_counter()
     self._slots[slot] = seq
-    self.metrics.admitted += 1
+    with self.metrics.lock:
+      self.metrics.admitted += 1
 
   def _emit(self, seq: Sequence_, new: list, reason: Optional[str], now: float) -> None:
     """Appends new tokens, applies stop strings token by token (the tokens and text end at the first token that
     completes one), holds back text that may still become a stop string, calls back, retires when finished."""
     if not new and reason is None:
       return
-    self.metrics.tokens += len(new)
-    self.metrics.window.append((now, len(new)))
+    self.metrics.add_tokens(now, len(new))
     old = len(seq.tokens)
     seq.tokens += new
     text_new = ""
@@ -445,7 +469,8 @@ class Engine:
 
   def _finish(self, seq: Sequence_, reason: str, chunk: Optional[Chunk] = None) -> None:
     seq.finished, seq.finish_reason, seq.t_done = True, reason, time.perf_counter()
-    self.metrics.finished[reason] += 1
+    with self.metrics.lock:
+      self.metrics.finished[reason] += 1
     if seq.on_chunk is not None:
       seq.on_chunk(seq, chunk or Chunk(tokens=[], text="", finished=True, finish_reason=reason))
     seq.done_event.set()
@@ -454,14 +479,16 @@ class Engine:
     """Engine-wide counters (tokens, LoopSpec / chain acceptance, live lanes) from the per-slot ones, which
     restart at zero when a slot is admitted."""
     counters = np.asarray(counters, np.int64)
-    live = 0
+    live, total = 0, np.zeros_like(self.metrics.counters)
     for slot, seq in enumerate(self._slots):
       if seq is None:
         continue
-      self.metrics.counters += counters[slot, :-1] - self._prev_counters[slot]
+      total += counters[slot, :-1] - self._prev_counters[slot]
       self._prev_counters[slot] = counters[slot, :-1]
       live += int(counters[slot, -1])
-    self.metrics.last_live_lanes = float(live)
+    with self.metrics.lock:
+      self.metrics.counters = self.metrics.counters + total
+      self.metrics.last_live_lanes = float(live)
 
   # ----- drivers ------------------------------------------------------------------------------------
   def run_until_idle(self, max_steps: int = 1_000_000) -> None:
@@ -479,7 +506,11 @@ class Engine:
 
     def loop():
       while not self._stop:
-        ran = self.step()
+        try:
+          ran = self.step()
+        except BaseException as e:  # noqa: BLE001 (whatever it was, the requests must not hang)
+          self.fail(e)
+          return
         if not ran:
           with self._lock:
             if not self._stop and not self._waiting and not any(s is not None and s.cancelled for s in self._slots):
@@ -487,6 +518,26 @@ class Engine:
 
     self._thread = threading.Thread(target=loop, name="loopspec-engine", daemon=True)
     self._thread.start()
+
+  def fail(self, exc: BaseException) -> None:
+    """The loop died: logs the cause, records it (`failure`, `failed`), and finishes every waiting and running
+    request with reason 'error' (their callbacks and events fire, so no handler waits for ever). The device
+    state may be half-updated, so the engine serves nothing more: the process is meant to exit and be
+    restarted (experiments/serve.py exits non-zero)."""
+    log.error("the engine loop failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    with self._lock:
+      self.failure = f"{type(exc).__name__}: {exc}"
+      seqs = [s for s in self._slots if s is not None] + list(self._waiting)
+      self._waiting.clear()
+      self._slots = [None] * self.config.slots
+      self._wake.notify_all()
+    for seq in seqs:
+      if not seq.finished:
+        try:
+          self._finish(seq, "error")
+        except Exception:  # noqa: BLE001 (a callback's loop may be gone; the others still get theirs)
+          log.exception("finishing request %d after the engine failed", seq.id)
+    self.failed.set()
 
   def stop(self) -> None:
     with self._lock:
@@ -499,7 +550,7 @@ class Engine:
   def generate(self, req: Request) -> Sequence_:
     """Submits one request and waits for it (the engine must be `start()`ed, or this runs it in process)."""
     seq = self.submit(req)
-    if self._thread is None:
+    if self._thread is None:  # in process: a failing step raises here
       while not seq.finished:
         self.step()
     seq.done_event.wait()

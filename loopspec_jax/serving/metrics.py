@@ -3,12 +3,17 @@
 `EngineMetrics` holds engine-wide sums (tokens, calls, admissions, refusals, finishes by reason, the per-slot
 decode counters of `slots.COUNTERS` summed over requests) and a sliding window of (time, tokens) for the
 tokens-per-second gauge. `prometheus(engine)` renders them (docs/serving.md).
+
+The engine's thread updates them while HTTP handlers read them: every update and every read holds
+`EngineMetrics.lock` (a scrape renders from a snapshot taken under it, so it never iterates a deque or counter
+the engine is appending to). Integers are printed exactly (2000001, not `%g`'s 2e+06).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -30,9 +35,22 @@ class EngineMetrics:
   finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   counters: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(COUNTERS), np.int64))
   window: collections.deque = dataclasses.field(default_factory=collections.deque)
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
   def count(self, name: str) -> int:
     return int(self.counters[COUNTERS.index(name)])
+
+  def add_tokens(self, now: float, n: int) -> None:
+    """n tokens committed at time `now` (the engine's thread): the total and the tokens/s window."""
+    with self.lock:
+      self.tokens += n
+      self.window.append((now, n))
+      while self.window and self.window[0][0] < now - self.window_seconds:
+        self.window.popleft()
+
+  def tokens_per_second(self, now: float) -> float:
+    """Tokens committed over the last `window_seconds` before `now`, per second (hold `lock`)."""
+    return sum(n for t, n in self.window if t >= now - self.window_seconds) / self.window_seconds
 
 
 def served_stats(engine) -> DecodeStats:
@@ -56,20 +74,32 @@ def gate_open_rate(metrics: EngineMetrics) -> float:
   return metrics.count("gate_opens") / max(metrics.count("gate_evals"), 1)
 
 
+def number(value) -> str:
+  """A sample value as Prometheus reads it: integers exactly, floats with every digit (repr)."""
+  if isinstance(value, (bool, np.bool_)):
+    return str(int(value))
+  if isinstance(value, (int, np.integer)):
+    return str(int(value))
+  return repr(float(value))
+
+
 def prometheus(engine) -> str:
-  """The metrics of `engine` in Prometheus text format."""
+  """The metrics of `engine` in Prometheus text format (rendered from a snapshot taken under the lock)."""
   m = engine.metrics
-  now = time.perf_counter()
-  while m.window and m.window[0][0] < now - m.window_seconds:
-    m.window.popleft()
-  rate = sum(n for _, n in m.window) / m.window_seconds
-  lines = []
+  with m.lock:
+    rate = m.tokens_per_second(time.perf_counter())
+    accepted = mean_accepted_length(engine)
+    snap = dataclasses.replace(m, finished=collections.Counter(m.finished), window=collections.deque())
+  m, lines = snap, []
 
   def metric(name, kind, help_, value, labels=""):
     lines.extend([f"# HELP loopspec_{name} {help_}", f"# TYPE loopspec_{name} {kind}"])
     for lab, val in value if isinstance(value, list) else [(labels, value)]:
-      lines.append(f"loopspec_{name}{lab} {float(val):.6g}")
+      lines.append(f"loopspec_{name}{lab} {number(val)}")
 
+  metric(
+      "engine_up", "gauge", "1 while the engine loop runs; 0 once it failed (see /health).", int(engine.failure is None)
+  )
   metric("requests_running", "gauge", "Requests holding a slot.", engine.running)
   metric("requests_waiting", "gauge", "Requests in the waiting queue.", engine.waiting)
   metric("slots", "gauge", "Request slots of the engine.", engine.config.slots)
@@ -85,7 +115,7 @@ def prometheus(engine) -> str:
       [(f'{{reason="{k}"}}', v) for k, v in sorted(m.finished.items())] or [('{reason="stop"}', 0)],
   )
   metric("requests_rejected_total", "counter", "Submissions refused because the queue was full.", m.rejected)
-  metric("mean_accepted_length", "gauge", "Tokens per full R-step execution (1 for AR).", mean_accepted_length(engine))
+  metric("mean_accepted_length", "gauge", "Tokens per full R-step execution (1 for AR).", accepted)
   metric("gate_open_rate", "gauge", "Fraction of LoopSpec second-proposal gates that opened.", gate_open_rate(m))
   metric("lanes_live", "gauge", "Live LoopSpec lanes over all slots after the last device call.", m.last_live_lanes)
   return "\n".join(lines) + "\n"

@@ -7,7 +7,9 @@ off the event loop and formats. Every refusal is an `APIError` that renders Open
 Fields: /v1/completions takes model, prompt (text, token ids, or a batch of one), max_tokens, temperature,
 top_p, top_k (an extension; -1 or 0: off), seed, stop (a string or up to `engine.MAX_STOPS` strings), stream,
 stream_options.include_usage, user; /v1/chat/completions takes messages instead of prompt (rendered by the
-model's chat template, `chat.py`) and max_completion_tokens as max_tokens. Completions also take `logprobs`
+model's chat template, `chat.py`; roles system / developer / user / assistant / tool / function; content a
+string, null, or a list of text parts) and max_completion_tokens as max_tokens (default: the rest of the
+context, as OpenAI's; completions' default is 16). Completions also take `logprobs`
 (0..MAX_LOGPROBS alternatives) and `echo` (not streamed; `max_tokens: 0` with echo scores the prompt only):
 the full-depth model's log-probabilities, `scoring.py`. Refused unless left at their
 defaults (400 naming the field): n, best_of, suffix, chat's logprobs, and the penalties presence_penalty,
@@ -54,6 +56,7 @@ class APIError(Exception):
       code: Optional[str] = None,
       headers: Optional[dict] = None,
   ):
+    message, param = _printable(message), None if param is None else _printable(param)
     super().__init__(message)
     self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
     self.headers = headers or {}
@@ -74,14 +77,20 @@ class Parsed:
   score_only: bool = False  # echo with max_tokens=0: score the prompt, generate nothing
 
 
+def _printable(text: str) -> str:
+  """`text` with lone surrogates (valid in JSON, not in UTF-8) escaped, so an error body naming them encodes."""
+  return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def loads(raw: bytes):
-  """The JSON body; malformed, non-UTF-8 or too deeply nested JSON is a 400 (never a 500)."""
+  """The JSON body; malformed, non-UTF-8, too deeply nested JSON or an integer past Python's digit limit is a
+  400 (never a 500)."""
   try:
     return json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise APIError(400, f"the request body is not valid JSON: {e}") from None
   except RecursionError:
     raise APIError(400, "the request body is nested too deeply") from None
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+    raise APIError(400, f"the request body is not valid JSON: {e}") from None
 
 
 def check_text(value: str, param: str) -> str:
@@ -136,16 +145,28 @@ def stream_flags(body) -> tuple:
   return stream, opts.get("include_usage", False)
 
 
-def encode(engine: Engine, text: str, encoder=None) -> list:
+def encode(engine: Engine, text: str, encoder=None, param: str = "prompt") -> list:
   """Token ids of a text prompt (`encoder`: a tokenize.TextEncoder, which keeps long texts off this process's
-  GIL; None: the model's tokenizer on this thread)."""
+  GIL; None: the model's tokenizer on this thread). A text that cannot fit the context is refused before it
+  is tokenized (the encoder's character bound)."""
   if engine.model.tokenizer is None:
-    raise APIError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
-  return encoder.encode(text) if encoder is not None else engine.model.encode(text)
+    raise APIError(400, "this model has no tokenizer: give the prompt as token ids", param)
+  if encoder is None:
+    return engine.model.encode(text)
+  limit = encoder.max_chars(engine.total)
+  if limit is not None and len(text) > limit:
+    raise APIError(
+        400,
+        f"the {param} has {len(text)} characters: more tokens than the context of {engine.total} positions "
+        f"(a token spans at most {encoder.max_token_chars} characters)",
+        param,
+    )
+  return encoder.encode(text)
 
 
-def sampling_request(body, engine: Engine, ids: list) -> Request:
-  """The engine request for prompt `ids` and the body's sampling fields, validated (400 naming the field)."""
+def sampling_request(body, engine: Engine, ids: list, score_only: bool = False) -> Request:
+  """The engine request for prompt `ids` and the body's sampling fields, validated (400 naming the field;
+  `score_only`: the prompt alone must fit the context)."""
   kw = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
   kw.setdefault("temperature", 0.0 if engine.config.greedy_only else 1.0)  # OpenAI's default, greedy-only: 0
   if kw.get("top_k") == -1:  # vLLM's spelling of 'no top-k'
@@ -158,7 +179,7 @@ def sampling_request(body, engine: Engine, ids: list) -> Request:
     if isinstance(s, str):
       check_text(s, "stop")
   try:
-    return engine.validate(Request(prompt=ids, **kw))
+    return engine.validate(Request(prompt=ids, **kw), score_only=score_only)
   except RequestError as e:
     raise APIError(400, str(e), e.param) from None
 
@@ -193,7 +214,7 @@ def parse_completion(body, engine: Engine, model_name: str, encoder=None) -> Par
         "logprobs" if logprobs is not None else "echo",
     )
   score_only = echo and body.get("max_tokens") == 0  # score the prompt only (lm-eval's loglikelihood can ask so)
-  req = sampling_request(dict(body, max_tokens=1) if score_only else body, engine, ids)
+  req = sampling_request(dict(body, max_tokens=1) if score_only else body, engine, ids, score_only)
   return Parsed(req, stream, include_usage, logprobs, echo, score_only)
 
 
@@ -210,14 +231,7 @@ def parse_chat(body, engine: Engine, model_name: str, template, encoder=None) ->
         "messages",
         code="no_chat_template",
     )
-  messages = body.get("messages")
-  if not isinstance(messages, list) or not messages:
-    raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-  for m in messages:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-      raise APIError(400, "each message must be an object with string role and content", "messages")
-    check_text(m["content"], "messages")
-    check_text(m["role"], "messages")
+  messages = chat_messages(body.get("messages"))
   if body.get("max_completion_tokens") is not None:
     if body.get("max_tokens") is not None:
       raise APIError(400, "give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
@@ -226,7 +240,37 @@ def parse_chat(body, engine: Engine, model_name: str, template, encoder=None) ->
     prompt = template.render(messages)
   except Exception as e:  # the template's raise_exception, or a template error
     raise APIError(400, f"the chat template refused the messages: {e}", "messages") from None
-  return Parsed(sampling_request(body, engine, encode(engine, prompt, encoder)), stream, include_usage)
+  ids = encode(engine, prompt, encoder, "messages")
+  if body.get("max_tokens") is None:  # OpenAI's default: as many as the context holds
+    body = dict(body, max_tokens=max(engine.total - len(ids), 1))
+  return Parsed(sampling_request(body, engine, ids), stream, include_usage)
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def chat_messages(messages) -> list:
+  """The messages as the template sees them: roles checked, content a string (null on an assistant turn: '', a
+  list of text parts: their text joined); other keys (name, tool_calls, tool_call_id) kept. 400 naming
+  `messages` otherwise."""
+  if not isinstance(messages, list) or not messages:
+    raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+  out = []
+  for i, m in enumerate(messages):
+    if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+      role = m.get("role") if isinstance(m, dict) else None
+      raise APIError(400, f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", "messages")
+    content = m.get("content")
+    if isinstance(content, list):
+      if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        raise APIError(400, f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}", "messages")
+      content = "".join(p["text"] for p in content)
+    elif content is None and m["role"] == "assistant":  # an assistant turn that only called tools
+      content = ""
+    elif not isinstance(content, str):
+      raise APIError(400, f"messages[{i}].content must be a string, null or a list of text parts", "messages")
+    out.append(dict(m, content=check_text(content, "messages")))
+  return out
 
 
 def finish_reason(reason: Optional[str]) -> Optional[str]:

@@ -13,19 +13,29 @@
 
 Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}} (protocol.py), for every status:
 400 for bad fields (naming the field), 404 for an unknown model or path, 405, 413 for a body over
-`max_body_bytes` (refused from its Content-Length before it is read), 429 with Retry-After when the engine's
-waiting queue is full, 503 with Retry-After before the engine is ready, 500 for a server bug.
+`max_body_bytes` (refused from its Content-Length before it is read), 415 for a POST body that is not
+`application/json` (a web page can send text/plain or a form to localhost without a CORS preflight; it cannot
+send JSON), 429 with Retry-After when the engine's waiting queue is full, 503 with Retry-After before the engine
+is ready, 500 `engine_failed` for the requests in flight when the engine loop died (503 for later ones),
+500 for a server bug.
 
-Nothing slow runs on the event loop: the body's JSON, tokenization (long texts in a child process that holds
-only the tokenizer: tokenize.py) and validation run on a worker thread, so /health answers while a long prompt is
-tokenized. A client that disconnects cancels its request, streamed or not (the non-streamed handler waits on
-the connection's disconnect message too), which frees its slot at the engine's next step.
+Supervision: when the engine's loop raises (`Engine.fail`), every waiting and running request is answered at
+once (500, or an error event on a stream), /health and /ready answer 503 with the cause, /metrics'
+`loopspec_engine_up` drops to 0, and loopspec-serve exits non-zero (experiments/serve.py) for its supervisor to
+restart it.
+
+Nothing slow runs on the event loop: the body's JSON, tokenization (long texts in child processes that hold
+only the tokenizer: tokenize.py; /tokenize too) and validation run on the parse pool, scoring forward passes on
+their own pool, so neither /health nor a short request waits behind them. A client that disconnects cancels its
+request, streamed or not (the non-streamed handler waits on the connection's disconnect message too), which
+frees its slot at the engine's next step; one that leaves while sending its body is not an error.
 The engine runs on its own thread (`Engine.start`); handlers only submit, await and format.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -36,16 +46,19 @@ from typing import Optional
 import fastapi
 from fastapi import responses
 from starlette import exceptions as starlette_exceptions
+from starlette import requests as starlette_requests
 
 from loopspec_jax.serving import chat
 from loopspec_jax.serving import protocol
 from loopspec_jax.serving import scoring
 from loopspec_jax.serving import tokenize
-from loopspec_jax.serving.engine import Chunk, Engine, QueueFullError
+from loopspec_jax.serving.engine import Chunk, Engine, EngineFailedError, QueueFullError
 from loopspec_jax.serving.protocol import APIError
 
 log = logging.getLogger("loopspec_jax.serving")
 RETRY_AFTER_S = 1  # what a 429 / 503 tells the client to wait
+PARSE_WORKERS = 4  # threads parsing / tokenizing request bodies (apart from the scoring threads)
+SCORE_WORKERS = 2  # threads running logprobs / echo forward passes
 
 
 def create_app(
@@ -63,6 +76,7 @@ def create_app(
   max_body_bytes: larger request bodies get a 413 without being read."""
   app = fastapi.FastAPI(title="loopspec_jax", version="1")
   ctx = _Context(engine, model_name, ready, chat_template, max_body_bytes)
+  app.state.encoder = ctx.encoder  # the text encoder (its tokenizer processes: tests kill one)
   _add_error_handlers(app)
   _add_info_routes(app, ctx)
   _add_tokenizer_routes(app, ctx)
@@ -101,6 +115,11 @@ def _add_error_handlers(app: fastapi.FastAPI) -> None:
     err.headers = dict(getattr(exc, "headers", None) or {})
     return _json_error(err)
 
+  @app.exception_handler(starlette_requests.ClientDisconnect)
+  async def _gone(request, _):
+    log.info("client left while sending its body to %s", request.url.path)
+    return responses.Response(status_code=499)  # nobody reads it
+
   @app.exception_handler(Exception)
   async def _bug(_, exc):
     log.exception("internal error")
@@ -113,13 +132,16 @@ def _add_info_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
 
   @app.get("/health")
   async def health():
-    ok = ctx.is_ready()
-    return {
-        "status": "ok" if ok else "starting",
-        "ready": ok,
+    ok, failure = ctx.is_ready(), ctx.engine.failure
+    body = {
+        "status": "failed" if failure else "ok" if ok else "starting",
+        "ready": ok and not failure,
         "model": ctx.model_name,
         "method": ctx.engine.method.name,
     }
+    if failure:
+      return responses.JSONResponse(dict(body, error=failure), status_code=503)
+    return body
 
   @app.get("/ready")
   async def ready():
@@ -163,19 +185,24 @@ def _add_tokenizer_routes(app: fastapi.FastAPI, ctx: "_Context") -> None:
         "model_max_length": ctx.engine.total,
     }
 
-  @app.post("/tokenize")
-  async def tokenize_route(request: fastapi.Request):
-    body = protocol.loads(await ctx.read_body(request))
+  def tokenize_body(raw: bytes) -> responses.Response:
+    body = protocol.loads(raw)
     if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
       raise APIError(400, "prompt must be a string", "prompt")
-    special = body.get("add_special_tokens", True)
+    special = bool(body.get("add_special_tokens", True))
     text = protocol.check_text(body["prompt"], "prompt")
-    ids = await asyncio.to_thread(lambda: tokenizer().encode(text, add_special_tokens=bool(special)).ids)
-    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.engine.total}
+    tokenizer()
+    ids = ctx.encoder.encode(text, add_special_tokens=special)  # long texts in the tokenizer's child process
+    body = {"tokens": ids, "count": len(ids), "max_model_len": ctx.engine.total}
+    return responses.Response(json.dumps(body), media_type="application/json")  # rendered here, not on the loop
+
+  @app.post("/tokenize")
+  async def tokenize_route(request: fastapi.Request):
+    return await ctx.parse(tokenize_body, await ctx.read_body(request))
 
   @app.post("/detokenize")
   async def detokenize_route(request: fastapi.Request):
-    body = protocol.loads(await ctx.read_body(request))
+    body = await ctx.parse(protocol.loads, await ctx.read_body(request))
     ids = body.get("tokens") if isinstance(body, dict) else None
     vocab = ctx.engine.cfg.vocab_size
     if not isinstance(ids, list) or not all(
@@ -193,11 +220,23 @@ class _Context:
     self.chat_template, self.max_body_bytes = chat_template, int(max_body_bytes)
     tok = engine.model.tokenizer
     self.encoder = None if tok is None else tokenize.TextEncoder(tok)
+    self.parse_pool = concurrent.futures.ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="loopspec-parse")
+    self.score_pool = concurrent.futures.ThreadPoolExecutor(SCORE_WORKERS, thread_name_prefix="loopspec-score")
+
+  async def parse(self, fn, *args):
+    """fn(*args) on the parse pool (JSON, tokenization, validation: never on the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(self.parse_pool, fn, *args)
+
+  async def score(self, fn, *args):
+    """fn(*args) on the scoring pool (forward passes for logprobs / echo), apart from request parsing."""
+    return await asyncio.get_running_loop().run_in_executor(self.score_pool, fn, *args)
 
   def is_ready(self) -> bool:
     return self.ready is None or self.ready.is_set()
 
   def check_ready(self) -> None:
+    if self.engine.failure is not None:
+      raise engine_failed(self.engine.failure, 503)
     if not self.is_ready():
       raise APIError(
           503,
@@ -208,7 +247,15 @@ class _Context:
       )
 
   async def read_body(self, request: fastapi.Request) -> bytes:
-    """The body, refused with 413 from its Content-Length (or as soon as a chunked body passes the limit)."""
+    """The body, refused with 415 unless it is JSON, with 413 from its Content-Length (or as soon as a chunked
+    body passes the limit)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+      raise APIError(
+          415,
+          f"the request body must be JSON (Content-Type: application/json), got {kind or 'no Content-Type'!r}",
+          code="unsupported_media_type",
+      )
     limit = self.max_body_bytes
     too_big = APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
     length = request.headers.get("content-length")
@@ -227,22 +274,24 @@ class _Context:
     self.check_ready()
     raw = await self.read_body(request)
     parse_all = lambda: parse(protocol.loads(raw), self.engine, self.model_name, self.encoder)
-    parsed: protocol.Parsed = await asyncio.to_thread(parse_all)
+    parsed: protocol.Parsed = await self.parse(parse_all)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     on_chunk = lambda seq, chunk: loop.call_soon_threadsafe(queue.put_nowait, chunk)
     if parsed.score_only:
-      return await asyncio.to_thread(fmt_cls(self.model_name, len(parsed.request.prompt)).scored, self, parsed)
+      return await self.score(fmt_cls(self.model_name, len(parsed.request.prompt)).scored, self, parsed)
     try:
       seq = self.engine.submit(parsed.request, on_chunk=on_chunk)
     except QueueFullError as e:
       headers = {"Retry-After": str(RETRY_AFTER_S)}
       raise APIError(429, str(e), kind="rate_limit_exceeded", code="queue_full", headers=headers) from None
+    except EngineFailedError:
+      raise engine_failed(self.engine.failure, 503) from None
     fmt = fmt_cls(self.model_name, len(parsed.request.prompt))
     if not parsed.stream:
       out = await self._answer(request, seq, queue, fmt)
       if isinstance(out, dict) and (parsed.echo or parsed.logprobs is not None):
-        await asyncio.to_thread(fmt.add_logprobs, out, self, parsed, seq.tokens)
+        await self.score(fmt.add_logprobs, out, self, parsed, seq)
       return out
     events = self._events(request, seq, queue, fmt, parsed.include_usage)
     return responses.StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -260,6 +309,8 @@ class _Context:
           self.engine.cancel(seq)
           return responses.Response(status_code=499)  # nobody reads it
         chunk: Chunk = getter.result()
+        if chunk.finish_reason == "error":
+          raise engine_failed(self.engine.failure, 500)
         if chunk.finished:
           break
     except asyncio.CancelledError:
@@ -279,6 +330,9 @@ class _Context:
           if await request.is_disconnected():
             return
           continue
+        if chunk.finish_reason == "error":  # the status line is sent: an error event ends the stream
+          yield _sse(engine_failed(self.engine.failure, 500).body())
+          return
         if chunk.tokens or chunk.text or chunk.finished:
           reason = protocol.finish_reason(chunk.finish_reason) if chunk.finished else None
           yield _sse(fmt.piece(chunk.text, chunk.tokens, reason))
@@ -290,6 +344,16 @@ class _Context:
     finally:
       if not seq.finished:
         self.engine.cancel(seq)  # the client went away: free the slot
+
+
+def engine_failed(failure: Optional[str], status: int) -> APIError:
+  """The error of a request the failed engine could not serve (500 in flight, 503 after)."""
+  return APIError(
+      status,
+      f"the engine failed ({failure}); this server must be restarted",
+      kind="server_error",
+      code="engine_failed",
+  )
 
 
 async def _wait_disconnect(request: fastapi.Request) -> None:
@@ -330,13 +394,15 @@ class _CompletionFormat:
     out["usage"] = protocol.usage(self.prompt_tokens, len(seq.tokens))
     return out
 
-  def add_logprobs(self, out: dict, ctx: "_Context", parsed, completion: list) -> None:
-    """`logprobs` (and, with echo, the prompt's text first) into a finished answer; runs a forward pass."""
+  def add_logprobs(self, out: dict, ctx: "_Context", parsed, seq) -> None:
+    """`logprobs` (and, with echo, the prompt's text first) into a finished answer (`seq`: the finished request,
+    None when scoring the prompt only); runs a forward pass."""
     model, prompt, choice = ctx.engine.model, list(parsed.request.prompt), out["choices"][0]
     text_of = model.decode if model.tokenizer is not None else (lambda ids: "")
+    completion = [] if seq is None else list(seq.tokens)
     if parsed.logprobs is not None:
-      top = parsed.logprobs
-      choice["logprobs"] = scoring.completion_logprobs(model, prompt, completion, top, parsed.echo, text_of)
+      cut = None if seq is None or model.tokenizer is None else len(seq.text)
+      choice["logprobs"] = scoring.completion_logprobs(model, prompt, completion, parsed.logprobs, parsed.echo, cut)
     if parsed.echo:
       choice["text"] = text_of(prompt) + choice["text"]
       choice["token_ids"] = prompt + choice["token_ids"]
@@ -345,7 +411,7 @@ class _CompletionFormat:
     """echo with max_tokens=0: the prompt scored, nothing generated."""
     out = self.envelope([self.choice("", [], "length")])
     out["usage"] = protocol.usage(self.prompt_tokens, 0)
-    self.add_logprobs(out, ctx, parsed, [])
+    self.add_logprobs(out, ctx, parsed, None)
     return out
 
 
