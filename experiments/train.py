@@ -38,6 +38,7 @@ def export_path(export_dir: str) -> str:
 HEAD_TRAINERS = {  # heads_kind -> (module under loopspec_jax.heads, trainer class)
     "medusa": ("medusa_train", "MedusaTrainer"),
     "eagle": ("eagle_train", "EagleTrainer"),
+    "dflash": ("dflash_train", "DFlashTrainer"),
 }
 
 

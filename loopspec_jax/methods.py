@@ -20,6 +20,7 @@ from loopspec_jax.decoding.chain import Chain
 from loopspec_jax.decoding.draft import Draft
 from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
+from loopspec_jax.decoding.tree.dflash import DFlash
 from loopspec_jax.decoding.tree.eagle import Eagle
 from loopspec_jax.decoding.tree.lookahead import Lookahead
 from loopspec_jax.decoding.tree.medusa import Medusa
@@ -27,7 +28,7 @@ from loopspec_jax.decoding.tree.mtp import MTP
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
 from loopspec_jax.planner import Auto
 
-_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, MTP, Auto)
+_CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, MTP, DFlash, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
 

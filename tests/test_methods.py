@@ -21,6 +21,7 @@ def test_registry_names_every_method_once():
       "medusa",
       "eagle",
       "mtp",
+      "dflash",
       "auto",
   )
   for name, cls in methods.REGISTRY.items():
