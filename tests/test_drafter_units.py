@@ -2,6 +2,8 @@
 
 - lookahead's n-gram ring buffer after it wrapped: the newest n-grams are proposed first (n-gram number q
   lives in slot q % P), and the Jacobi update keeps writing at the ring's next slot;
+- EAGLE's drafting levels: each runs at the position the head was trained at and reads the output of the
+  row that proposed it;
 - head training targets: a head that outputs the right one-hot target has (near) zero loss at its offset
   (Medusa head i: the token i + 2 after the feature's position; MTP: t_{i+2} from the feature at i and
   t_{i+1}), and a head one offset off does not.
@@ -12,9 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import head_helpers
+import helpers
+from loopspec_jax.decoding.tree import eagle as eagle_decoder
 from loopspec_jax.decoding.tree import lookahead as la
+from loopspec_jax.heads import eagle as eagle_heads
 from loopspec_jax.heads import medusa
 from loopspec_jax.heads import mtp
+from loopspec_jax.models import looped
 
 build_tree = jax.jit(la.build_tree, static_argnums=2)
 jacobi_update = jax.jit(la.jacobi_update)
@@ -104,3 +111,55 @@ def test_mtp_module_with_the_right_one_hot_target_has_zero_loss(shift, monkeypat
     assert float(nll) < 1e-6 and float(acc) == 1.0
   else:
     assert float(nll) > 1.0 and float(acc) < 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# EAGLE's drafting levels against the layout the head was trained in (heads/eagle.py `unrolled`)
+# ---------------------------------------------------------------------------------------------------
+def test_eagle_levels_sit_where_training_put_them_and_read_their_parents_feature(monkeypatch):
+  """`unrolled`: step k of row j reads x_{j+k} and (k > 1) its own step k - 1 output, at position j + k - 1.
+  In a round the last pending row is j = p0 - 1 (level 0 = step 1), so drafting level l (step l + 1) must
+  run at p0 + l - 1, and each frontier query must read the output h of the row whose logits proposed it."""
+  model = helpers.tiny_model("huginn:tiny")
+  heads = head_helpers.random_heads("eagle", model)
+  cfg, gamma, branch = model.config, 3, 2
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 60, size=(2, 16)), jnp.int32)
+  lengths = jnp.asarray([5, 9], jnp.int32)
+  width = eagle_heads.feature_width(heads.config)
+  st = eagle_decoder.initial_state(None, tokens, lengths, None, cfg=cfg, gamma=gamma, width=width)
+  params = looped.prepare_params(model.params, cfg)
+  calls = []
+  original = eagle_heads.step
+
+  def spy(hp, tparams, toks, feature, pos, self_mask, ctx, cfg):
+    h, k, v = original(hp, tparams, toks, feature, pos, self_mask, ctx, cfg)
+    calls.append((toks, feature, pos, h))
+    return h, k, v
+
+  monkeypatch.setattr(eagle_heads, "step", spy)
+
+  @jax.jit
+  def levels(params, hp, st):
+    calls.clear()
+    eagle_decoder.draft_tree(
+        params, hp, st, cfg=cfg, feature=heads.config["feature"], gamma=gamma, branch=branch, tree_nodes=5
+    )
+    return [(f, p, h, looped.readout_logits(params, h, cfg)) for _, f, p, h in calls], [c[0] for c in calls]
+
+  out, toks = levels(params, heads.params, st)
+  assert len(out) == gamma
+  p0 = np.asarray(lengths) - 1
+  np.testing.assert_array_equal(np.asarray(out[0][1])[:, 0], p0 - 1)  # level 0: the last pending row, j = p0 - 1
+  for lvl in range(1, gamma):
+    feat, pos, _, _ = out[lvl]
+    np.testing.assert_array_equal(np.asarray(pos), np.broadcast_to((p0 + lvl - 1)[:, None], pos.shape))
+    _, _, h_prev, lg_prev = out[lvl - 1]
+    if lvl == 1:  # level 0 ran the pending rows; its output at the last one feeds every depth-1 candidate
+      h_prev = jnp.take_along_axis(h_prev, (lengths - 2 - st.extra.q0)[:, None, None], axis=1)
+      lg_prev = looped.readout_logits(params, h_prev, cfg)
+    proposed = np.asarray(jax.lax.top_k(lg_prev, branch)[1])  # [B, rows, branch]
+    for b in range(2):
+      for j in range(branch):
+        t = int(toks[lvl][b, j])
+        rows = [r for r in range(proposed.shape[1]) if t in proposed[b, r]]
+        assert any(np.allclose(feat[b, j], h_prev[b, r], atol=1e-5) for r in rows), (lvl, b, j, rows)
