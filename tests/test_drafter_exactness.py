@@ -11,7 +11,8 @@ target over 6 tokens, one compile per rule).
   bias the output by a lot. Each known-wrong variant is run: its distribution (estimated on a larger sample)
   gives the test's power against it (>= 0.99, asserted), and the test rejects it.
 - Sibling draws are distinct where the rule says so ("distinct": never a repeat; "sample": repeats at the rate
-  sum_t q(t)^2), and different requests and rounds draw different keys.
+  sum_t q(t)^2), and different requests and rounds draw different keys, none of them a key the verifier or
+  AR draws with.
 """
 
 import functools
@@ -157,3 +158,13 @@ def test_sibling_draws_are_distinct_where_the_rule_says_so_and_keys_differ():
   sp = common.make_sampling_params(2, 2, 1.0, 0, 1.0, 0, None)
   keys = np.asarray(jax.vmap(lambda p: dt.draft_keys(sp, p))(jnp.asarray([[3, 3], [4, 4]], jnp.int32)))
   assert len({tuple(k) for k in keys.reshape(-1, keys.shape[-1]).tolist()}) == 4  # requests x rounds
+  # the drafter's keys are its own: never one the verifier or AR draws with (same requests, nearby positions)
+  other = [
+      sampling.request_key(sp.base_key, rid, pos, purpose)
+      for rid in (0, 1)
+      for pos in range(2, 9)
+      for purpose in (sampling.PURPOSE_VERIFY, sampling.PURPOSE_AR)
+  ]
+  assert not {tuple(k) for k in keys.reshape(-1, keys.shape[-1]).tolist()} & {
+      tuple(np.asarray(k).tolist()) for k in other
+  }

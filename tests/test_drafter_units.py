@@ -4,6 +4,7 @@
   lives in slot q % P), and the Jacobi update keeps writing at the ring's next slot;
 - EAGLE's drafting levels: each runs at the position the head was trained at and reads the output of the
   row that proposed it;
+- the draft-model tree's drafter cache equals a prefill of the committed tokens (catch-up window);
 - head training targets: a head that outputs the right one-hot target has (near) zero loss at its offset
   (Medusa head i: the token i + 2 after the feature's position; MTP: t_{i+2} from the feature at i and
   t_{i+1}), and a head one offset off does not.
@@ -16,11 +17,14 @@ import pytest
 
 import head_helpers
 import helpers
+import loopspec_jax as lj
+from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import eagle as eagle_decoder
 from loopspec_jax.decoding.tree import lookahead as la
 from loopspec_jax.heads import eagle as eagle_heads
 from loopspec_jax.heads import medusa
 from loopspec_jax.heads import mtp
+from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped
 
 build_tree = jax.jit(la.build_tree, static_argnums=2)
@@ -163,3 +167,45 @@ def test_eagle_levels_sit_where_training_put_them_and_read_their_parents_feature
         t = int(toks[lvl][b, j])
         rows = [r for r in range(proposed.shape[1]) if t in proposed[b, r]]
         assert any(np.allclose(feat[b, j], h_prev[b, r], atol=1e-5) for r in rows), (lvl, b, j, rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The draft-model tree's drafter cache (decoding/tree/draft_tree.py catch-up window)
+# ---------------------------------------------------------------------------------------------------
+def test_draft_tree_drafter_cache_equals_a_prefill_of_the_committed_tokens(monkeypatch):
+  """The target as its own drafter (greedy): every round accepts all gamma drafts and commits gamma + 1
+  tokens, so the catch-up window must cover gamma + 1 positions; afterwards the drafter's cache holds, at
+  every position up to the last round's root, what a prefill of the committed tokens holds."""
+  model = helpers.tiny_model("huginn:tiny", 0.05)
+  final = {}
+  original = dt.decode_loop
+
+  def keep(*args, **kw):
+    final["state"] = out = original(*args, **kw)
+    return out
+
+  monkeypatch.setattr(dt, "decode_loop", keep)
+  gamma = 3
+  prompts = [[5, 6, 7], [40, 41, 42, 43, 44]]
+  res = lj.generate(
+      model, prompts, max_new_tokens=12, method="draft", draft_model=model, gamma=gamma, branch=2, tree_nodes=4
+  )
+  assert res.stats["accepted_per_pass"] == gamma, res.stats  # every round commits gamma + 1
+  st = final["state"]
+  cfg = model.config
+  layout = kvcache.CacheLayout.of(cfg, 1)
+  b, t = st.tokens.shape
+  fresh = kvcache.prefill(
+      looped.prepare_params(model.params, cfg),
+      st.tokens,
+      st.length,
+      kvcache.empty_cache(cfg, layout, b, t),
+      cfg,
+      layout,
+      (cfg.recurrence,),
+  )
+  covered = np.arange(t)[None, :] < (np.asarray(st.length) - gamma - 1)[:, None]  # [B, T] up to the last root
+  for got, want in zip(jax.tree_util.tree_leaves(st.extra), jax.tree_util.tree_leaves(fresh)):
+    g, w = np.asarray(got), np.asarray(want)  # [..., B, KV, T, D]
+    sel = covered[:, None, :, None]
+    np.testing.assert_allclose(np.where(sel, g, 0), np.where(sel, w, 0), atol=2e-4)
