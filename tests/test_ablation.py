@@ -197,3 +197,40 @@ def test_bad_options_rejected_before_compiling(kwargs, match):
   with pytest.raises(ValueError, match=match):
     m = methods.build("loopspec", **kwargs)
     m.validate(model.config)
+
+
+def test_table3_rows_name_every_variant_once_per_pair():
+  """The Table-3 entry point's rows and table from stub results (no decoding): each pair's variants, in order."""
+  from loopspec_jax.configs.paper import table3 as config
+  from loopspec_jax.experiments import bench, paper_table3
+
+  parsed = methods.parse_list(config.methods())
+  labels = bench.row_labels(parsed)
+  stub = dict(release_gamma=3.0, mean_accepted_length=3.1, wall_clock_ratio_median=1.2, decode_seconds_median=0.8)
+  stub.update(first_token_ticks=8, request_ticks=40, release_decode_tokens=9, release_first_reject=2)
+  stub.update(release_second_skip=1, release_second_accept=1, release_second_reject=0, commits={}, gate_open_rate=0.5)
+  stub.update(mean_live_lanes=3.0, max_live_lanes=9, lane_capacity=100, skipped_spawns=0)
+  results = {l: dict(stub) for l in labels}
+  results["ar"] = {"decode_seconds_median": 1.0, "batch": 1, "tokens": 10}
+  rows = paper_table3.table_rows(results, parsed, labels)
+  got = [(r["d1"], r["d2"], r["variant"]) for r in rows]
+  assert got[:4] == [(2, None, "single"), (2, 8, "masked"), (2, 8, "residual"), (2, 8, "residual+gate")]
+  assert len(got) == 11 and got[-1] == (4, 8, "residual+gate")
+  # after the first token: AR keeps 9/10 of its time, LoopSpec 32/40 of its ticks' share
+  assert rows[0]["after_first_ratio_est"] == pytest.approx(0.9 / (0.8 * 0.8))
+
+
+def test_release_presets_map_to_offline_tasks_or_say_why_not():
+  from loopspec_jax.configs.release import suite
+  from loopspec_jax.experiments import release_run
+
+  for name in ("100", "101", "110", "111", "112", "113"):
+    for job in suite.experiment(name).values():
+      for depth in job["depths"]:
+        methods.parse(release_run.method_spec(depth))  # every release configuration parses
+      for task in job["tasks"]:
+        twin, why = release_run.resolve_task(task, bundled=True)
+        assert (twin is None) != (why is None) and (why is None or task in why)
+  assert release_run.resolve_task("gsm8k-cot", bundled=True) == ("loopspec_gsm8k_cot", None)
+  assert "apply_chat_template" in release_run.resolve_task("aime24-chat", bundled=True)[1]
+  assert "'bbh_cot_fewshot'" in release_run.resolve_task("bbh", bundled=True)[1]
