@@ -81,6 +81,11 @@ def main(argv):
   del argv
   cfg = _CONFIG.value
   jobs = suite.experiment(cfg.experiment)
+  include = common.split_list(cfg.include) if cfg.include else None
+  unknown = sorted(set(include or []) - {job.get("model", key) for key, job in jobs.items()})
+  if unknown:
+    raise ValueError(f"include names models that experiment {cfg.experiment} does not run: {unknown}")
+  jobs = {k: j for k, j in jobs.items() if include is None or j.get("model", k) in include}
   tables, missing = [], []
   for key, job in jobs.items():
     name = job.get("model", key)
