@@ -27,9 +27,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
-def method_spec(depth: str) -> str:
-  """The release's configuration name -> our method spec: 'baseline' -> 'ar', '2:4' -> 'loopspec:2:4'."""
-  return "ar" if depth == "baseline" else f"loopspec:{depth}"
+def method_spec(depth: str, lane_capacity: str = "") -> str:
+  """The release's configuration name -> our method spec: 'baseline' -> 'ar', '2:4' -> 'loopspec:2:4' (with
+  the lane capacity, if given)."""
+  if depth == "baseline":
+    return "ar"
+  return f"loopspec:{depth}" + (f",lane_capacity={lane_capacity}" if lane_capacity else "")
 
 
 def resolve_task(name: str, bundled: bool):
@@ -66,7 +69,7 @@ def eval_config(cfg, model: str, task: str, depths: list, sampling: dict, releas
   c.model = model
   c.dtype = cfg.dtype
   c.tasks = task
-  c.methods = ";".join(method_spec(d) for d in depths)
+  c.methods = ";".join(method_spec(d, cfg.lane_capacity) for d in depths)
   c.limit = cfg.limit
   c.num_fewshot = shots
   c.gen_kwargs = ",".join(gen)

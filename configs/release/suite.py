@@ -97,6 +97,7 @@ def get_config(arg=None):
   experiment(c.experiment)  # an unknown name fails here; the runner reads the jobs from `experiment`
   c.bundled = True  # map the release's models to the bundled ones and its tasks to the offline twins
   c.models = {}  # release model name -> checkpoint dir (bundled=False); absent: the name itself
+  c.lane_capacity = "worst"  # LoopSpec's lane table: skip-free, as the release caps nothing ('': our default)
   c.include = ""  # comma-separated release model names to run ('': every model of the experiment)
   c.limit = 2  # documents per task (none: all, as the release runs); 2 keeps a bundled run short
   c.max_gen_toks_cap = 32  # bundled only: the tiny models' context is 256 positions
