@@ -99,7 +99,7 @@ def markdown(rows: list, meta: dict) -> str:
     )
   c = meta["config"]
   foot = (
-      f"\n{meta['model']}, task {c['task']}: {c['num_prompts']} prompts x {c['max_new_tokens']} tokens, one request "
+      f"\n{meta['model']}, task {c['task']}: prompts {[i + 1 for i in c['prompt_select']]} x {c['max_new_tokens']} tokens, one request "
       f"at a time, T = {c['temperature']}, top-p {c['top_p']}, seed {c['seed']}, init_state {c['init_state']}; "
       f"medians of {c['repeats']} interleaved repeats. Host: {meta['machine']}; {meta['time']}."
   )
@@ -111,6 +111,7 @@ def main(argv):
   cfg = _CONFIG.value
   model = common.resolve_model(cfg.model, seed=0)
   prompts = bench.load_prompt_set(cfg.task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)
+  prompts = [prompts[i] for i in cfg.prompt_select]
   parsed = methods_lib.parse_list(list(cfg.methods))
   labels = bench.row_labels(parsed)
   sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "init_state": cfg.init_state}

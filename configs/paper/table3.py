@@ -40,10 +40,11 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.model = "tiny-raven"
   c.task = "demo"  # the prompts loopspec-demo decodes (bench.load_prompt_set)
-  c.num_prompts = 1
+  c.num_prompts = 4
+  c.prompt_select = (0, 2, 3)  # which of them to decode: demo prompts 1, 3 and 4 share one decode shape
   c.prompt_len = 32  # 'random' task only
   c.max_new_tokens = 32
-  c.repeats = 2  # interleaved repeats (method order rotated); figures are medians
+  c.repeats = 3  # interleaved repeats (method order rotated); figures are medians
   c.seed = 1234  # the release's seed
   c.temperature = 1.0
   c.top_p = 0.7
@@ -52,6 +53,7 @@ def get_config(arg=None):
   c.out_dir = "results/paper_table3/2026-12-06"
   if arg == "quick":  # a smoke run: one pair, one prompt, 16 tokens
     c.num_prompts = 1
+    c.prompt_select = (0,)
     c.max_new_tokens = 16
     c.repeats = 1
     c.methods = methods(pairs=((4, 8),))
