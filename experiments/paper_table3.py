@@ -93,7 +93,7 @@ def markdown(rows: list, meta: dict) -> str:
     pair = f"({r['d1']}, {r['d2'] if r['d2'] is not None else '-'})"
     lines.append(
         f"| {pair} | {r['variant']} | {r['release_gamma']:.2f} | {r['mean_accepted_length']:.2f} | "
-        f"{r['wall_clock_ratio_median']:.2f}x | {r['after_first_ratio_est']:.2f}x | "
+        f"{r['wall_clock_ratio_median']:.3f}x | {r['after_first_ratio_est']:.3f}x | "
         f"{s['first_reject']}: {s['second_skip']} / {s['second_accept']} / {s['second_reject']} | "
         f"{r['gate_open_rate']:.2f} | {r['mean_live_lanes']:.1f} / {r['max_live_lanes']} | {r['skipped_spawns']} |"
     )
