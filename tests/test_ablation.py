@@ -9,6 +9,7 @@
   "K:X" spelling and the options' aliases parse.
 """
 
+import functools
 import itertools
 
 import jax
@@ -29,6 +30,7 @@ VARIANTS = list(itertools.product(("residual", "masked"), (True, False)))
 KEY = jax.random.PRNGKey(0)
 
 
+@functools.lru_cache(maxsize=None)
 def _propose_all(second, gate):
   f = lambda q1, x1, p_d2: second_lib.propose(KEY, q1, x1, p_d2, second=second, gate=gate)
   return jax.jit(jax.vmap(f, in_axes=(None, 0, None)))
