@@ -85,9 +85,9 @@ def markdown(rows: list, meta: dict) -> str:
   head = (
       "| (d1, d2) | variant | gamma (release: decode tokens) | gamma (ours: all tokens) | speed vs AR (median) "
       "| speed after 1st token (est.) | 1st rejections: x2 skip / accept / reject | gate open | live lanes mean / max "
-      "| skipped spawns |"
+      "| lane capacity | skipped spawns |"
   )
-  lines = [head, "|" + "---|" * 10]
+  lines = [head, "|" + "---|" * 11]
   for r in rows:
     s = r["split"]
     pair = f"({r['d1']}, {r['d2'] if r['d2'] is not None else '-'})"
@@ -95,7 +95,8 @@ def markdown(rows: list, meta: dict) -> str:
         f"| {pair} | {r['variant']} | {r['release_gamma']:.2f} | {r['mean_accepted_length']:.2f} | "
         f"{r['wall_clock_ratio_median']:.3f}x | {r['after_first_ratio_est']:.3f}x | "
         f"{s['first_reject']}: {s['second_skip']} / {s['second_accept']} / {s['second_reject']} | "
-        f"{r['gate_open_rate']:.2f} | {r['mean_live_lanes']:.1f} / {r['max_live_lanes']} | {r['skipped_spawns']} |"
+        f"{r['gate_open_rate']:.2f} | {r['mean_live_lanes']:.1f} / {r['max_live_lanes']} | {r['lane_capacity']} | "
+        f"{r['skipped_spawns']} |"
     )
   c = meta["config"]
   foot = (

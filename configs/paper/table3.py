@@ -51,7 +51,10 @@ def get_config(arg=None):
   c.init_state = "random"  # Raven / Huginn: the release's random initial state ("zeros": ours before)
   c.methods = methods()
   c.out_dir = "results/paper_table3/2026-12-06"
-  if arg == "quick":  # a smoke run: one pair, one prompt, 16 tokens
+  if arg == "capacity":  # why plain generate keeps its default table: the gated residual, default vs skip-free
+    c.methods = ["ar"] + [f"loopspec:d1=2,d2=8{cap}" for cap in ("", ",lane_capacity=worst")]
+    c.out_dir = "results/paper_table3/2026-12-06-capacity"
+  elif arg == "quick":  # a smoke run: one pair, one prompt, 16 tokens
     c.num_prompts = 1
     c.prompt_select = (0,)
     c.max_new_tokens = 16
@@ -59,5 +62,5 @@ def get_config(arg=None):
     c.methods = methods(pairs=((4, 8),))
     c.out_dir = "/tmp/paper_table3_quick"
   elif arg is not None:
-    raise ValueError(f"unknown preset {arg!r} (presets: quick)")
+    raise ValueError(f"unknown preset {arg!r} (presets: capacity, quick)")
   return c
