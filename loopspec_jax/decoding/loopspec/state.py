@@ -45,6 +45,8 @@ class PipelineShape:
   gate_mass: float = 0.0
   dynamic: bool = True  # run each tick at the narrowest `ladder` width holding every live lane
   cols: int = 0  # inside one tick branch: the lane columns processed (0: all W)
+  second: str = "residual"  # the second proposal: "residual" or "masked" (`second.propose`)
+  gate: bool = True  # the second proposal's gate (False: proposes whenever it has mass)
 
   @property
   def c(self) -> int:  # columns processed by this tick branch
@@ -128,6 +130,11 @@ class LoopSpecStats:
   live_max: jax.Array = axes_field("batch")
   demand_max: jax.Array = axes_field("batch")  # most spawns asked of one stage in a tick (granted or not)
   cols_sum: jax.Array = axes_field("batch")  # lane columns computed per stage, summed over the request's ticks
+  # The release's split of the first rejections of decode tokens (every commit after a request's first):
+  decode_reject_first: jax.Array = axes_field("batch")  # verifications that rejected x1
+  second_verify: jax.Array = axes_field("batch")  # ... whose root had a second proposal (x2 verified)
+  second_accept: jax.Array = axes_field("batch")  # ... that accepted x2
+  first_token_ticks: jax.Array = axes_field("batch")  # ticks until the request's first commit
 
 
 @flax.struct.dataclass
@@ -147,7 +154,7 @@ class LoopSpecState:
 # ---------------------------------------------------------------------------------------------------
 # Validation, capacity, construction
 # ---------------------------------------------------------------------------------------------------
-def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
+def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None, second=None, gate=None):
   r = cfg.recurrence
   if d1 is None or int(d1) != d1 or d1 < 1:
     raise ValueError(f"LoopSpec needs an integer d1 >= 1, got {d1!r}")
@@ -165,10 +172,18 @@ def validate(cfg: ModelConfig, d1, d2, capacity, gate_mass=None):
       raise ValueError("gate_mass applies to the second proposal: give d2 as well")
     if isinstance(gate_mass, bool) or not isinstance(gate_mass, (int, float)) or not 0.0 <= gate_mass <= 1.0:
       raise ValueError(f"gate_mass must be a number in [0, 1] (a residual mass), got {gate_mass!r}")
+  if (second is not None or gate is not None) and d2 is None:
+    raise ValueError("second / gate choose the second proposal: give d2 as well")
+  if gate is False and gate_mass is not None:
+    raise ValueError("gate_mass tightens the gate: it does not apply with gate=False")
+  if isinstance(capacity, str) and capacity != WORST:
+    raise ValueError(f"lane_capacity must be an integer >= R/d1 or {WORST!r} (skip-free), got {capacity!r}")
   need = r // d1
-  if capacity is not None and (int(capacity) != capacity or capacity < need):
+  if capacity is not None and capacity != WORST and (int(capacity) != capacity or capacity < need):
     raise ValueError(f"lane_capacity={capacity} is too small: LoopSpec needs at least R/d1 = {need} lanes")
 
+
+WORST = "worst"  # lane_capacity="worst": the schedule's worst case, so that no spawn is ever skipped
 
 # The default table holds the worst case of the schedule when that costs at most this many lanes per request.
 MAX_DEFAULT_LANES = 256
@@ -208,8 +223,11 @@ def stage_width(r: int, d1: int, d2: Optional[int], capacity: Optional[int]) -> 
   gains gamma and loses wall clock on a compute-bound host (results/lanes/epyc2-2026-12-04-dynamic, tiny-raven:
   (1, 5) at W 64 reaches its every-spawn-granted gamma 21.85 against 13.26 at W 2, at ~15x the time per token;
   (2, 8) at W 16: gamma 14.47 against 12.84 at ~3x), so there the wide table is opt-in through `lane_capacity`
-  (W 64 = `lane_capacity=2048` at d1 = 1)."""
+  (W 64 = `lane_capacity=2048` at d1 = 1), or `lane_capacity="worst"` (the worst case of any pair: every
+  spawn granted, as in the release, which caps nothing)."""
   g = r // d1
+  if capacity == WORST:
+    return worst_stage_lanes(r, d1, d2)
   if capacity is None:
     worst = worst_stage_lanes(r, d1, d2)
     if g * worst <= MAX_DEFAULT_LANES:
@@ -275,6 +293,10 @@ def initial_state(
       live_max=zb,
       demand_max=zb,
       cols_sum=zb,
+      decode_reject_first=zb,
+      second_verify=zb,
+      second_accept=zb,
+      first_token_ticks=zb,
   )
   return LoopSpecState(
       cache=cache,

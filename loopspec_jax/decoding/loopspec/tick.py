@@ -27,6 +27,7 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.loopspec import lanes as L
+from loopspec_jax.decoding.loopspec import second as second_lib
 from loopspec_jax.decoding.loopspec.state import (
     LaneTable,
     LoopSpecState,
@@ -54,6 +55,7 @@ class Verified(NamedTuple):
   root: jax.Array  # [B] stable id of the root
   y: jax.Array  # [B] committed token
   stage: jax.Array  # [B] 1: x1 accepted, 2: x2 accepted, 0: neither (residual / argmax)
+  gate: jax.Array  # [B] bool: the root had a second proposal (verified when x1 is rejected)
   q_read: jax.Array = None  # [B] float, sampled only: depends on the root's q1/q2 rows (orders later writes)
 
 
@@ -207,7 +209,8 @@ def verify_root(
     q1, q2 = L.read_rows(ln.q1, root), L.read_rows(ln.q2, root)
     y, stage = jax.vmap(verify.verify_cascade)(keys, dist[bi, row], x1, q1, gate, x2, q2)
     q_read = q1[:, 0] + q2[:, 0]
-  return Verified(has_root=has_root, root=root, y=y.astype(jnp.int32), stage=stage.astype(jnp.int32), q_read=q_read)
+  y, stage = y.astype(jnp.int32), stage.astype(jnp.int32)
+  return Verified(has_root=has_root, root=root, y=y, stage=stage, gate=gate & has_root, q_read=q_read)
 
 
 def commit(st: LoopSpecState, spec, ver: Verified, sp: common.SamplingParams):
@@ -263,15 +266,14 @@ def draft(st: LoopSpecState, adv: Advanced, dist, sp: common.SamplingParams, sha
     if ids2 is not None:  # the second proposal reads the d2 lanes' q1 before this tick's q1 rows land
       keys = lane_keys(sp, ln.pos[:, ids2], sampling.PURPOSE_X2)
       q1_d2 = L.read_rows(ln.q1, ids2, shared=True)
-      propose = functools.partial(verify.second_proposal, min_mass=shape.gate_mass)
+      propose = functools.partial(second_lib.propose, second=shape.second, gate=shape.gate, min_mass=shape.gate_mass)
       gate, x2, q2 = jax.vmap(jax.vmap(propose))(keys, q1_d2, ln.x1[:, ids2], dist[:, w : 2 * w])
       at1 = kvcache.ordered(at1, q1_d2, n)
     ln = ln.replace(x1=ln.x1.at[:, ids1].set(x1), q1=ln.q1.at[:, at1].set(q1, mode="drop"))
   if shape.d2 is None:
     return ln, Drafts(x1=x1, gate=jnp.zeros_like(x1, bool), x2=x1)
   if greedy:
-    x2 = sampling.greedy_token(adv.logits[:, w : 2 * w])
-    gate = x2 != ln.x1[:, ids2]
+    gate, x2 = second_lib.propose_greedy(adv.logits[:, w : 2 * w], ln.x1[:, ids2], second=shape.second, gate=shape.gate)
     ln = ln.replace(x2=ln.x2.at[:, ids2].set(x2), gate=ln.gate.at[:, ids2].set(gate))
   else:
     q2_table = ln.q2.at[:, kvcache.ordered(ids2, after, n)].set(q2, mode="drop")
@@ -333,11 +335,13 @@ def spawn(
 
 
 def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, opens, skipped1, skipped2, demand, cols):
-  """Per-request counters after one tick."""
+  """Per-request counters after one tick. The release's split counts decode tokens only (a request's commits
+  after its first): each rejection of x1 ends as second-skip (no x2), second-accept or second-reject."""
   active = ~st.done
   live = jnp.sum(st.lanes.alive & active[:, None], axis=1)
   c = lambda x: x.astype(jnp.int32)
   hr = ver.has_root
+  rej = hr & (st.n_new > 0) & (ver.stage != 1)
   return LoopSpecStats(
       ticks=ss.ticks + c(active),
       first=ss.first + c(hr & (source == PROP_FIRST)),
@@ -353,6 +357,10 @@ def count(ss: LoopSpecStats, st: LoopSpecState, ver: Verified, source, at_d2, op
       live_max=jnp.maximum(ss.live_max, live),
       demand_max=jnp.maximum(ss.demand_max, demand),
       cols_sum=ss.cols_sum + c(active) * cols,
+      decode_reject_first=ss.decode_reject_first + c(rej),
+      second_verify=ss.second_verify + c(rej & ver.gate),
+      second_accept=ss.second_accept + c(rej & (ver.stage == 2)),
+      first_token_ticks=ss.first_token_ticks + c(active & (st.n_new == 0)),
   )
 
 
