@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import os
 import re
 import time
 from typing import Optional, Tuple
@@ -88,6 +89,10 @@ def target_devices(target: Target) -> tuple:
   if reason:
     raise RuntimeError(f"target {target.name}: {reason}")
   from jax.experimental import topologies  # noqa: PLC0415 (only TPU targets need it)
+
+  # libtpu locks /tmp/libtpu_lockfile for one process per host (it would own the chips); compiling for a
+  # topology owns none, so several processes (pytest workers, a report beside the tests) may load it.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
   return tuple(
       topologies.get_topology_desc(platform="tpu", topology_name=f"{target.generation}:{target.topology}").devices
@@ -236,10 +241,13 @@ def compile_loop(
 
 def loop_copies(hlo: str, slot_elements: int, cache_len: int) -> int:
   """Copies of a KV buffer of at least one slot (`slot_elements` elements, a dimension of the cache length
-  `cache_len`) inside a while body: copy / copy-start ops, and fusions whose root is a copy, in every
-  computation a while body reaches (fusions, calls, branches, inner loops). The rule the CPU-compiled loops
-  hold: 0."""
+  `cache_len`) inside a while body: copy / copy-start ops, and fusions whose root is a copy (counted once,
+  where they are called), in every computation a while body reaches (calls, branches, inner loops), whose
+  result lives in HBM. The
+  rule the CPU-compiled loops hold: 0. A copy into another memory space (a TPU layout `S(n)`: a prefetch to
+  on-chip memory, which at tiny sizes holds a whole cache) duplicates nothing in HBM and is not counted."""
   comps, _ = parse_hlo(hlo)
+  on_chip = _on_chip_results(hlo)
   bodies = [i.attr("body") for c in comps.values() for i in c.instrs.values() if i.opcode == "while"]
   seen, stack = set(), [b for b in bodies if b in comps]
   count = 0
@@ -250,14 +258,24 @@ def loop_copies(hlo: str, slot_elements: int, cache_len: int) -> int:
     seen.add(name)
     comp = comps[name]
     for ins in comp.instrs.values():
-      for key in ("calls", "body", "condition", "to_apply", "true_computation", "false_computation"):
+      for key in ("body", "condition", "to_apply", "true_computation", "false_computation"):
         if ins.attr(key) in comps:
           stack.append(ins.attr(key))
       stack += [b for b in ins.attr_list("branch_computations") if b in comps]
       dims = _operand_dims(ins, comp)
-      if _is_copy(ins, comps) and cache_len in dims and math.prod(dims) >= slot_elements:
+      big = cache_len in dims and math.prod(dims) >= slot_elements
+      if big and _is_copy(ins, comps) and ins.name not in on_chip:
         count += 1
   return count
+
+
+def _on_chip_results(hlo: str) -> set:
+  """Names of the instructions whose (first) result has a memory space annotation `S(n)` in its layout."""
+  out = set()
+  for m in re.finditer(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+\(?[a-z0-9]+\[[^\]]*\]\{([^}]*)\}", hlo, re.M):
+    if "S(" in m.group(2):
+      out.add(m.group(1))
+  return out
 
 
 def _is_copy(ins, comps) -> bool:

@@ -6,7 +6,9 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
 
   ops     every instruction that is not free (parameter, constant, tuple, get-tuple-element, bitcast);
           a fusion is one op. Inner while bodies count times their trip count.
-  flops   2 * prod(result dims) * prod(contracting dims) per dot (batch dims included), fused or not.
+  flops   2 * prod(result dims) * prod(contracting dims) per dot (batch dims included), fused or not; a
+          convolution by its dim_labels, a reduce(add) of a multiply (how the TPU compiler writes a matvec)
+          as 2 x the multiply's elements.
   bytes   split into weights / kv / copies / other:
           - dots read every operand and write their result;
           - gathers and non-contiguous slices (alone or fused with views) read and write what they
@@ -55,6 +57,7 @@ from loopspec_jax.analysis.hlo import (
     fusion_kind,
     inplace_roots,
     parse_hlo,
+    product_of_reduce,
     sliced_elements,
     through_views,
 )
@@ -478,7 +481,7 @@ class HloCostModel:
       return
     if op in TRANSCENDENTAL_OPS:
       cost.charge_transcendentals(float(ins.elements()), ins.name)
-    if op in ("dot", "convolution"):
+    if op in ("dot", "convolution") or product_of_reduce(ins, frame.comp) is not None:
       cost.charge_flops(ins, frame.comp, ins.name)
       for o in ins.operands:
         self._read(cost, self.origin(frame, o), frame.comp.instrs[o].elements(), True, ins.name)
@@ -533,8 +536,9 @@ class HloCostModel:
     has_dot = bool(ops & {"dot", "convolution"})
     cost.charge_transcendentals(transcendental_elements(comp), ins.name)
     for i in comp.instrs.values():
-      if i.opcode in ("dot", "convolution"):
+      if i.opcode in ("dot", "convolution") or product_of_reduce(i, comp) is not None:
         cost.charge_flops(i, comp, ins.name)
+    has_dot = has_dot or any(product_of_reduce(i, comp) is not None for i in comp.instrs.values())
     inplace = inplace_roots(comp)  # param numbers updated in place, with update elements
     for num, pname in comp.params.items():
       operand = ins.operands[num]
