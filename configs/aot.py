@@ -38,4 +38,5 @@ def get_config(arg=None):
   c.out_dir = "results/tpu_aot/2026-12-06"  # rows.jsonl here (appended; rows already there are skipped)
   c.hlo_dir = ""  # keep each TPU HLO here (gzip, not committed: 10+ MB each); "": not kept
   c.reparse = False  # only recompute the parser's fields of rows.jsonl from the HLO kept in hlo_dir
+  c.micro = False  # only compile the programs of known traffic (micro.jsonl: XLA's and the parser's counts)
   return c

@@ -16,12 +16,14 @@ Settings: configs/aot.py.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
 
 from absl import flags
 import jax
+import jax.numpy as jnp
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import aot, cost
@@ -88,8 +90,7 @@ def measure(spec: str, method: str, target: str, mesh: tuple, batch: int, contex
 
 def reparse(path: str, hlo_dir: str, dtype: str):
   """Recomputes the parser's fields of every row whose HLO was kept in hlo_dir (after a parser change)."""
-  with open(path) as fh:
-    rows = [json.loads(line) for line in fh if line.strip()]
+  rows = read_rows(path)
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
     if not row["compiled"] or not os.path.exists(src):
@@ -127,6 +128,66 @@ def done_keys(path: str) -> set:
   return {tuple(r[k] for k in KEY) for r in rows}
 
 
+def markdown(rows: list) -> str:
+  """One line per row: fits, HBM and temporaries (GB), KV copies in loops, parser vs XLA bytes / flops."""
+  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
+  lines = [
+      "| model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
+      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB |",
+      "|" + "---|" * 17,
+  ]
+  for r in rows:
+    fits = {True: "yes", False: "no", None: "-"}[r["fits"]]
+    ratio = f"{r['xla_bytes'] / r['parser_bytes']:.2f}" if r["parser_bytes"] and r["xla_bytes"] else "-"
+    ms = "-" if r["xla_optimal_seconds"] is None else f"{1e3 * r['xla_optimal_seconds']:.1f}"
+    copies = "-" if r["loop_copies"] is None else r["loop_copies"]
+    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], fits, gb(r["hbm_bytes"])]
+    cells += [gb(r["temp_bytes"]), copies, gb(r["parser_bytes"]), gb(r["xla_bytes"]), ratio]
+    cells += [gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return "\n".join(lines)
+
+
+def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:
+  """Programs of known traffic, compiled for the target: one bf16 [1, e] x [e, f] matvec (reads the weight,
+  e f 2 bytes, once; 2 e f flops), a while loop of 10 iterations of it, and of 10 iterations of two. Each
+  row: XLA's cost_analysis and the parser's one iteration beside the known figures."""
+  sh = jax.sharding.NamedSharding(aot.target_mesh(aot.parse_target(target)), jax.sharding.PartitionSpec())
+  x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sh) for s in ((1, e), (e, f)))
+
+  def looped(n):
+    body = lambda c: (c[0] + 1, functools.reduce(lambda y, _: (y @ c[2])[:, :e], range(n), c[1]), c[2])
+    return lambda x, w: jax.lax.while_loop(lambda c: c[0] < 10, body, (0, x, w))[1]
+
+  rows = []
+  for name, fn, n in (
+      ("one matvec", lambda x, w: x @ w, 1),
+      ("loop: 10 x 1", looped(1), 1),
+      ("loop: 10 x 2", looped(2), 2),
+  ):
+    c = jax.jit(fn).lower(x, w).compile()
+    ca = aot.xla_cost_row(c)
+    step = cost.analyze_hlo(c.as_text()) if n and "while" in c.as_text() and name != "one matvec" else None
+    rows.append(
+        {
+            "program": name,
+            "known_bytes_per_iteration": n * e * f * 2.0,
+            "known_flops_per_iteration": n * 2.0 * e * f,
+            "xla_bytes": ca.get("bytes accessed"),
+            "xla_flops": ca.get("flops"),
+            "xla_optimal_seconds": ca.get("optimal_seconds"),
+            "parser_bytes": step.total_bytes if step else None,
+            "parser_flops": step.flops if step else None,
+        }
+    )
+  return rows
+
+
+def read_rows(path: str) -> list:
+  with open(path) as fh:
+    return [json.loads(line) for line in fh if line.strip()]
+
+
 def main(argv):
   del argv
   f = _CONFIG.value
@@ -135,8 +196,13 @@ def main(argv):
     raise SystemExit(f"loopspec-aot: {reason}")
   path = os.path.join(f.out_dir, "rows.jsonl")
   os.makedirs(f.out_dir, exist_ok=True)
+  if f.micro:
+    rows = micro_programs(common.split_list(f.targets)[0])
+    common.atomic_write_text(os.path.join(f.out_dir, "micro.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    return print("\n".join(json.dumps(r) for r in rows))
   if f.reparse:
-    return reparse(path, f.hlo_dir, f.dtype)
+    reparse(path, f.hlo_dir, f.dtype)
+    return write_table(f.out_dir, path)
   done = done_keys(path)
   for spec, method, target, mesh, batch, context in grid(f):
     key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
@@ -152,6 +218,13 @@ def main(argv):
         f"({row['compile_seconds']:.0f} s)",
         flush=True,
     )
+  write_table(f.out_dir, path)
+
+
+def write_table(out_dir: str, path: str):
+  text = markdown(read_rows(path))
+  print(text)
+  common.atomic_write_text(os.path.join(out_dir, "table.md"), text + "\n")
 
 
 def run():

@@ -250,8 +250,9 @@ def conv_contraction(ins: Instr, comp: Computation) -> Tuple[int, int]:
 
 def product_of_reduce(ins: Instr, comp: Computation) -> Optional[Instr]:
   """The multiply a reduce(add) sums (through converts / bitcasts), or None: a product written as
-  multiply + reduce, which the TPU compiler makes of a dot with a single row (a decode matvec)."""
-  if ins.opcode != "reduce" or not ins.operands or ins.operands[0] not in comp.instrs:
+  multiply + reduce, which the TPU compiler makes of a dot with a single row (a decode matvec). Only a
+  reduce its metadata names as a dot_general counts (not a norm's sum of squares)."""
+  if ins.opcode != "reduce" or "dot_general" not in ins.attrs or ins.operands[0] not in comp.instrs:
     return None
   src = comp.instrs[ins.operands[0]]
   while src.opcode in ("convert", "bitcast", "copy") and src.operands and src.operands[0] in comp.instrs:
