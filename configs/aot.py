@@ -7,6 +7,8 @@ Lists are comma-separated strings (methods: ';'-separated specs, `{d1}` / `{d2}`
 
 import ml_collections
 
+from loopspec_jax.analysis import aot
+
 
 def get_config(arg=None):
   if arg:
@@ -15,21 +17,7 @@ def get_config(arg=None):
   c.models = "huginn:0125,ouro:1p4b,ouro:2p6b,raven_llama:3p2_1b"  # configs.models specs
   c.dtype = "bfloat16"
   # every registered method at the first model (`aot.METHOD_SPECS`); the others: `other_methods`
-  c.methods = ";".join(
-      (
-          "ar",
-          "chain:d1={d1},gamma=8",
-          "loopspec:d1={d1},d2={d2}",
-          "loopspec:d1={d1}",
-          "tree",
-          "draft:gamma=4",
-          "lookup:ngram=3,gamma=4",
-          "lookahead",
-          "medusa",
-          "eagle",
-          "mtp",
-      )
-  )
+  c.methods = ";".join(aot.METHOD_SPECS)
   c.other_methods = "ar;loopspec:d1={d1},d2={d2}"
   c.targets = "tpu:v5e"  # compile targets (analysis/aot.py): one chip of each with mesh 1x1
   c.meshes = "1x1"  # DATAxMODEL

@@ -89,14 +89,18 @@ def measure(spec: str, method: str, target: str, mesh: tuple, batch: int, contex
 
 
 def reparse(path: str, hlo_dir: str, dtype: str):
-  """Recomputes the parser's fields of every row whose HLO was kept in hlo_dir (after a parser change)."""
+  """Recomputes the parser's fields of every row whose HLO was kept in hlo_dir (after a parser change), and
+  the memory of refused rows from their message (`aot.refused_memory`)."""
   rows = read_rows(path)
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
-    if not row["compiled"] or not os.path.exists(src):
-      continue
     cfg = model_configs.model_config(row["model"]).replace(dtype=dtype, max_len=row["context"])
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
+    if not row["compiled"] and row["error"]:
+      mem = aot.refused_memory(row["error"], loop)
+      row.update({k: mem[k] for k in ("hbm_bytes", "argument_bytes", "temp_bytes")})
+    if not row["compiled"] or not os.path.exists(src):
+      continue
     with gzip.open(src, "rt") as fh:
       hlo = fh.read()
     slot = cost.slot_bytes(cfg, row["batch"], loop.total_len)

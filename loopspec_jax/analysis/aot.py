@@ -149,9 +149,21 @@ def memory_row(stats, hbm: Optional[float]) -> dict:
 
 
 def refused_temp_bytes(error: str) -> Optional[float]:
-  """The temporaries a TPU compiler refused for HBM ('... HLO temporaries (31.65G) exceeds ...'), in bytes."""
+  """The memory a TPU compiler refused for HBM ('... HLO temporaries (31.65G) exceeds ...'), in bytes. The
+  message says temporaries, but the figure is arguments + temporaries: Huginn-0125 AR on main reads 31.65G
+  on v5e and 11.99 + 19.78 = 31.77 GiB of arguments + temporaries on v5p (`refused_memory`)."""
   m = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", error or "")
   return float(m.group(1)) * 1024.0 ** "KMGT".index(m.group(2)) * 1024 if m else None
+
+
+def refused_memory(error: str, loop: cost.AbstractLoop) -> dict:
+  """`memory_row` of a program refused for HBM: hbm_bytes the figure the compiler names, argument_bytes the
+  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference."""
+  need = refused_temp_bytes(error)
+  leaves = jax.tree_util.tree_leaves((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
+  args = float(sum(x.size * x.dtype.itemsize for x in leaves if hasattr(x, "dtype") and hasattr(x, "size")))
+  temp = None if need is None else need - args
+  return {"hbm_bytes": need, "argument_bytes": args, "temp_bytes": temp, "fits": False}
 
 
 def xla_cost_row(compiled) -> dict:
@@ -219,7 +231,7 @@ def compile_loop(
 
   kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. A program the
   target's compiler refuses (e.g. over HBM) is returned with compiled=False and the compiler's message;
-  for an HBM refusal `memory['temp_bytes']` is the temporaries the message names."""
+  for an HBM refusal `memory` is `refused_memory`."""
   target = parse_target(target) if isinstance(target, str) else target
   if isinstance(method, str):
     kw = {**stand_in_arguments(cfg, method), **kw}
@@ -232,8 +244,7 @@ def compile_loop(
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 (the compiler's refusal is a result: reported, not raised)
     msg = str(e).strip().splitlines()[0][:500]
-    mem = {"temp_bytes": refused_temp_bytes(msg), "fits": False if target.hbm_bytes else None}
-    return AotLoop(*args, False, msg, time.perf_counter() - t0, mem, {}, "", *kv)
+    return AotLoop(*args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop), {}, "", *kv)
   seconds = time.perf_counter() - t0
   mem = memory_row(compiled.memory_analysis(), target.hbm_bytes)
   return AotLoop(*args, True, None, seconds, mem, xla_cost_row(compiled), compiled.as_text(), *kv)
