@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 import os
 
 from absl import flags
@@ -106,6 +107,7 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     slot = cost.slot_bytes(cfg, row["batch"], loop.total_len)
     step = cost.analyze_hlo(hlo, cost.kv_leaf_dims(loop.state), slot)
     row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
+    row["loop_copies"] = aot.loop_copies(hlo, math.prod(cost.kv_leaf_dims(loop.state)[0][-4:]), loop.total_len)
   common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 

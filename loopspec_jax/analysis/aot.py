@@ -281,10 +281,14 @@ def loop_copies(hlo: str, slot_elements: int, cache_len: int) -> int:
 
 
 def _on_chip_results(hlo: str) -> set:
-  """Names of the instructions whose (first) result has a memory space annotation `S(n)` in its layout."""
+  """Names of the moves between memory spaces: instructions whose (first) result has a memory space `S(n)`
+  in its layout, and copy-starts with either side (their first two results) in one (an eviction from
+  on-chip memory back to HBM is a move too)."""
   out = set()
-  for m in re.finditer(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+\(?[a-z0-9]+\[[^\]]*\]\{([^}]*)\}", hlo, re.M):
-    if "S(" in m.group(2):
+  for m in re.finditer(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(\(?[a-z0-9]+\[[^=]*?)\s([\w\-]+)\(", hlo, re.M):
+    layouts = re.findall(r"\]\{([^}]*)\}", m.group(2))
+    sides = layouts[:2] if m.group(3) == "copy-start" else layouts[:1]
+    if any("S(" in x for x in sides):
       out.add(m.group(1))
   return out
 
