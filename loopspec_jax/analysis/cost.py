@@ -54,7 +54,20 @@ def kv_leaf_dims(state) -> List[Tuple[int, ...]]:
   return out
 
 
-def compile_decode_loop(
+@dataclasses.dataclass
+class AbstractLoop:
+  """A decoder's loop arguments as abstract values (`jax.ShapeDtypeStruct`s): what `compile_decode_loop` and
+  the compile-only targets (`analysis/aot.py`) lower, with nothing allocated."""
+
+  method: str
+  decoder: common.Decoder
+  params: dict
+  state: object
+  sp: common.SamplingParams
+  total_len: int  # cache positions: cfg.max_len + the decoder's extra positions
+
+
+def abstract_loop(
     cfg: ModelConfig,
     method,
     *,
@@ -63,14 +76,8 @@ def compile_decode_loop(
     greedy: bool = True,
     random_init: bool = False,
     **method_kw,
-) -> CompiledLoop:
-  """Compiles `method`'s jitted decode loop for cfg from abstract shapes (nothing of the target is allocated).
-
-  `method` is anything `methods.build` takes (a registered name, a spec string 'loopspec:2,8', a `Method`);
-  method_kw are its arguments (d1, gamma, d2, draft_model, ...), so every registered method is costed with
-  no change here. The cache holds cfg.max_len positions (+ the decoder's extra positions), as `run_decoder`
-  would allocate for a request filling the context.
-  """
+) -> AbstractLoop:
+  """`method`'s decoder and its loop's abstract arguments for cfg (see `compile_decode_loop`)."""
   m = methods.build(method, **method_kw)
   m.validate(cfg)
   dec = m.make_decoder(cfg, greedy=greedy, random_init=random_init)
@@ -94,10 +101,23 @@ def compile_decode_loop(
       sp,
   )
   state = jax.eval_shape(functools.partial(dec.init, **dec.init_kw), cache, tokens, lengths, sp)
+  return AbstractLoop(m.name, dec, params, state, sp, total)
+
+
+def compile_decode_loop(cfg: ModelConfig, method, *, batch: int = 1, **kw) -> CompiledLoop:
+  """Compiles `method`'s jitted decode loop for cfg from abstract shapes (nothing of the target is allocated).
+
+  `method` is anything `methods.build` takes (a registered name, a spec string 'loopspec:2,8', a `Method`);
+  the other keywords are `abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments
+  (d1, gamma, d2, draft_model, ...), so every registered method is costed with no change here. The cache
+  holds cfg.max_len positions (+ the decoder's extra positions), as `run_decoder` would allocate for a
+  request filling the context. On the default backend; a TPU topology: `analysis/aot.py`.
+  """
+  a = abstract_loop(cfg, method, batch=batch, **kw)
   t0 = time.perf_counter()
-  hlo = dec.loop.lower(params, state, sp, **dec.loop_kw).compile().as_text()
+  hlo = a.decoder.loop.lower(a.params, a.state, a.sp, **a.decoder.loop_kw).compile().as_text()
   seconds = time.perf_counter() - t0
-  return CompiledLoop(m.name, hlo, kv_leaf_dims(state), slot_bytes(cfg, batch, total), total, seconds)
+  return CompiledLoop(a.method, hlo, kv_leaf_dims(a.state), slot_bytes(cfg, batch, a.total_len), a.total_len, seconds)
 
 
 def slot_bytes(cfg: ModelConfig, batch: int, total: int) -> float:

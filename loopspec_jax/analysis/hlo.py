@@ -232,8 +232,42 @@ def contiguous(src_dims: Tuple[int, ...], out_dims: Tuple[int, ...]) -> bool:
   return True
 
 
+def conv_contraction(ins: Instr, comp: Computation) -> Tuple[int, int]:
+  """(contracted elements per output, lhs rows) of a convolution from its dim_labels ('bf_io->bf', spatial
+  dims as digits): the lhs feature size over feature_group_count times the rhs window. The TPU compiler
+  writes products as convolutions."""
+  m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs)
+  lhs, rhs = comp.instrs[ins.operands[0]].dims, comp.instrs[ins.operands[1]].dims
+  if m is None or "f" not in m.group(1):
+    return 1, 1
+  groups = int(ins.attr("feature_group_count") or 1)
+  k = lhs[m.group(1).index("f")] // groups
+  for i, c in enumerate(m.group(2)):
+    if c.isdigit() and i < len(rhs):
+      k *= rhs[i]
+  return max(k, 1), max(int(np.prod(lhs)) // max(lhs[m.group(1).index("f")], 1), 1)
+
+
+def product_of_reduce(ins: Instr, comp: Computation) -> Optional[Instr]:
+  """The multiply a reduce(add) sums (through converts / bitcasts), or None: a product written as
+  multiply + reduce, which the TPU compiler makes of a dot with a single row (a decode matvec). Only a
+  reduce its metadata names as a dot_general counts (not a norm's sum of squares)."""
+  if ins.opcode != "reduce" or "dot_general" not in ins.attrs or ins.operands[0] not in comp.instrs:
+    return None
+  src = comp.instrs[ins.operands[0]]
+  while src.opcode in ("convert", "bitcast", "copy") and src.operands and src.operands[0] in comp.instrs:
+    src = comp.instrs[src.operands[0]]
+  return src if src.opcode == "multiply" else None
+
+
 def dot_flops(ins: Instr, comp: Computation) -> float:
-  """2 * prod(result dims) * prod(contracting dims of the lhs)."""
+  """2 * prod(result dims) * prod(contracting dims of the lhs) (a convolution: its `conv_contraction`; a
+  reduce of a multiply: 2 * the multiply's elements)."""
+  if ins.opcode == "convolution":
+    return 2.0 * float(np.prod(ins.dims)) * conv_contraction(ins, comp)[0]
+  if ins.opcode == "reduce":
+    prod = product_of_reduce(ins, comp)
+    return 2.0 * prod.elements() if prod is not None else 0.0
   lhs = comp.instrs[ins.operands[0]].dims
   k = 1
   for d in ins.attr_list("lhs_contracting_dims"):
@@ -244,7 +278,12 @@ def dot_flops(ins: Instr, comp: Computation) -> float:
 def dot_rows(ins: Instr, comp: Computation) -> int:
   """The skinny extent of a product: min over lhs / rhs of the elements of their free (neither contracting nor
   batch) dims. A decode matmul [M, K] x [K, N] has rows min(M, N) = M; attention of one query row against T
-  keys (batched over heads) has rows 1. Product throughput on every device falls with it (`hardware.py`)."""
+  keys (batched over heads) has rows 1. Product throughput on every device falls with it (`hardware.py`).
+  A convolution: its lhs batch x spatial elements; a reduce of a multiply: 1 (a matvec)."""
+  if ins.opcode == "convolution":
+    return conv_contraction(ins, comp)[1]
+  if ins.opcode == "reduce":
+    return 1
   free = []
   for side, operand in (("lhs", ins.operands[0]), ("rhs", ins.operands[1] if len(ins.operands) > 1 else None)):
     if operand is None or operand not in comp.instrs:

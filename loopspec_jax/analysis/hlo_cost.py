@@ -6,14 +6,17 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
 
   ops     every instruction that is not free (parameter, constant, tuple, get-tuple-element, bitcast);
           a fusion is one op. Inner while bodies count times their trip count.
-  flops   2 * prod(result dims) * prod(contracting dims) per dot (batch dims included), fused or not.
+  flops   2 * prod(result dims) * prod(contracting dims) per dot (batch dims included), fused or not; a
+          convolution by its dim_labels, a reduce(add) of a multiply (how the TPU compiler writes a matvec)
+          as 2 x the multiply's elements.
   bytes   split into weights / kv / copies / other:
           - dots read every operand and write their result;
           - gathers and non-contiguous slices (alone or fused with views) read and write what they
             select; a contiguous slice (one block of the buffer) is a view whose consumer reads it;
           - in-place writes (dynamic-update-slice, scatter) count only the UPDATE bytes;
           - copies (copy ops and copy/transpose-only fusions, e.g. of a gathered slot) read and write the
-            whole operand;
+            whole operand; an async copy-start (the TPU's move between HBM and on-chip memory) reads its
+            operand once, and what reads its copy-done reads nothing more from HBM;
           - other kernels write their output and read the loop inputs they touch (weights, KV, state).
           Bytes are counted at the STORAGE dtype of the buffer a value comes from (looking through
           converts): the CPU backend computes bf16 in f32 and keeps f32 shadows of bf16 buffers, which an
@@ -55,6 +58,7 @@ from loopspec_jax.analysis.hlo import (
     fusion_kind,
     inplace_roots,
     parse_hlo,
+    product_of_reduce,
     sliced_elements,
     through_views,
 )
@@ -383,6 +387,8 @@ class HloCostModel:
         name = ins.operands[self.fusion_kind(ins)[1]]
       elif op == "fusion" and not ins.is_tuple and len(inplace_roots(self.comps[ins.attr("calls")])) == 1:
         name = ins.operands[next(iter(inplace_roots(self.comps[ins.attr("calls")])))]  # updated in place
+      elif op == "copy-done":  # read from where copy-start put it (it counted the transfer)
+        return Origin("moved", DTYPE_BYTES.get(ins.shapes[0][0], 4) if ins.shapes else 4)
       elif op == "parameter":
         num = int(ins.raw_operands.strip())
         if frame.kind in ("fusion", "call", "branch"):
@@ -467,6 +473,8 @@ class HloCostModel:
     nbytes = elements * origin.itemsize
     if origin.kind in ("weights", "kv"):
       cost.charge(origin.kind, nbytes, who)
+    elif origin.kind == "moved":  # on-chip: its copy-start counted the HBM transfer
+      return
     elif dot or origin.kind == "state":
       cost.charge("other", nbytes, who)
 
@@ -478,7 +486,7 @@ class HloCostModel:
       return
     if op in TRANSCENDENTAL_OPS:
       cost.charge_transcendentals(float(ins.elements()), ins.name)
-    if op in ("dot", "convolution"):
+    if op in ("dot", "convolution") or product_of_reduce(ins, frame.comp) is not None:
       cost.charge_flops(ins, frame.comp, ins.name)
       for o in ins.operands:
         self._read(cost, self.origin(frame, o), frame.comp.instrs[o].elements(), True, ins.name)
@@ -486,6 +494,16 @@ class HloCostModel:
       return
     if op in ("copy", "transpose"):
       self._copy(frame, ins, ins.operands[0], ins.elements(), cost)
+      return
+    if op == "copy-start":  # an async move between memory spaces (TPU: HBM <-> on-chip): its operand once
+      name = ins.operands[0]
+      while frame.comp.instrs[name].opcode in ("copy-done", "copy-start"):  # a chain of moves: its buffer
+        name = frame.comp.instrs[name].operands[0]
+      src = self.origin(frame, name)
+      nbytes = frame.comp.instrs[ins.operands[0]].elements() * src.itemsize
+      cost.charge(src.kind if src.kind in ("weights", "kv") else "other", nbytes, ins.name)
+      return
+    if op == "copy-done":
       return
     if op == "convert":
       cost.convert_bytes += ins.nbytes()
@@ -533,8 +551,9 @@ class HloCostModel:
     has_dot = bool(ops & {"dot", "convolution"})
     cost.charge_transcendentals(transcendental_elements(comp), ins.name)
     for i in comp.instrs.values():
-      if i.opcode in ("dot", "convolution"):
+      if i.opcode in ("dot", "convolution") or product_of_reduce(i, comp) is not None:
         cost.charge_flops(i, comp, ins.name)
+    has_dot = has_dot or any(product_of_reduce(i, comp) is not None for i in comp.instrs.values())
     inplace = inplace_roots(comp)  # param numbers updated in place, with update elements
     for num, pname in comp.params.items():
       operand = ins.operands[num]

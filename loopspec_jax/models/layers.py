@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -161,6 +162,29 @@ def block(p, x, pos, self_mask, ctx, cfg: ModelConfig):
 CtxFn = Callable[[jax.Array], Sequence[Segment]]
 
 
+@flax.struct.dataclass
+class LayerViews:
+  """A block stack (params stacked on a leading layer axis) read one layer at a time: `views[l]` is layer l's
+  dict, sliced where it is READ (inside a decode loop's body), not where the views are made.
+
+  Slicing the stack outside a `lax.while_loop` hands the loop each layer as its own loop input, which the TPU
+  compiler materialises as a copy of every weight matrix (7.5 GB of temporaries for Huginn-0125); a static
+  slice inside the body feeds the product in place. A pytree (its child is the stacked dict), so it passes
+  through loop carries and closures like the stack itself.
+  """
+
+  stack: dict
+
+  def __len__(self) -> int:
+    return jax.tree_util.tree_leaves(self.stack)[0].shape[0]
+
+  def __getitem__(self, l: int) -> dict:
+    return jax.tree_util.tree_map(lambda x: x[l], self.stack)
+
+  def __iter__(self):
+    return (self[l] for l in range(len(self)))
+
+
 def no_context(_layer):
   return []
 
@@ -169,11 +193,11 @@ def run_stack(stack, x, pos, self_mask, ctx_fn: CtxFn, cfg: ModelConfig):
   """Applies a stack of blocks. Returns (x, k [L,B,S,KV,D], v).
 
   `stack` is either the stored form (params stacked on a leading layer axis: a lax.scan, ctx_fn gets a traced
-  layer index) or the decode form of `looped.prepare_params` (a tuple of per-layer dicts: a Python loop, ctx_fn
+  layer index) or the decode form of `looped.prepare_params` (per-layer dicts, `LayerViews`: a Python loop, ctx_fn
   gets the layer as an int, so each layer may read its own cache buffer whole). ctx_fn(l) gives the cached
   key/value segments layer l attends to, or a callable attend(q, k, v) -> [B, S, H*D].
   """
-  if isinstance(stack, (tuple, list)):
+  if isinstance(stack, (tuple, list, LayerViews)):
     ks, vs = [], []
     for l, p in enumerate(stack):
       x, (k, v) = block(p, x, pos, self_mask, ctx_fn(l), cfg)

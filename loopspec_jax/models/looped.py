@@ -164,17 +164,17 @@ def head_matrix(params, cfg: ModelConfig):
 def prepare_params(params, cfg: ModelConfig):
   """The decode form of the parameters, built once OUTSIDE a decode loop (loop-invariant layouts).
 
-  Block stacks become tuples of per-layer dicts (so layers unroll and each reads its own cache buffer whole,
-  with no per-iteration weight slicing). A tied LM head stays the embedding [V, E]: `lm_head` contracts its
+  Block stacks become per-layer views (`layers.LayerViews`: layers unroll and each reads its own cache
+  buffer whole; a layer's weights are sliced where the loop body reads them, which feeds the product in
+  place, where slices made here would be loop inputs the TPU compiler copies). A tied LM head stays the embedding [V, E]: `lm_head` contracts its
   E axis in place, where a materialised [E, V] transpose costs a 4 V E-byte copy per call (the whole
   embedding read and written) and streams no faster.
   """
   del cfg
   out = dict(params)
   for name in ("prelude", "core", "coda"):
-    if name in params and not isinstance(params[name], (tuple, list)):
-      n = jax.tree_util.tree_leaves(params[name])[0].shape[0]
-      out[name] = tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], params[name]) for i in range(n))
+    if name in params and not isinstance(params[name], (tuple, list, layers.LayerViews)):
+      out[name] = layers.LayerViews(params[name])
   return out
 
 

@@ -74,6 +74,8 @@ def rules_from_config(cd) -> tuple:
 # Placement and host transfer (single- or multi-process)
 # ---------------------------------------------------------------------------------------------------
 def _place(x, sharding):
+  if isinstance(x, jax.ShapeDtypeStruct):  # an abstract value (a compile-only target): nothing is placed
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
     return jax.device_put(x, sharding)
   host = np.asarray(x)  # every process holds the same value: build the global array from it
@@ -81,7 +83,9 @@ def _place(x, sharding):
 
 
 def place(tree, shardings):
-  """device_put of a tree onto a matching tree of NamedShardings (also across processes)."""
+  """device_put of a tree onto a matching tree of NamedShardings (also across processes). Abstract leaves
+  (`jax.ShapeDtypeStruct`) get the sharding and stay abstract, so a `program` built from abstract values
+  lowers for a device topology without a device (`Program.lower`, `analysis/aot.py`)."""
   return jax.tree_util.tree_map(_place, tree, shardings)
 
 
@@ -274,6 +278,11 @@ class Program:
   @property
   def arrays(self) -> tuple:
     return self.args[_N_STATIC:]
+
+  def lower(self):
+    """The lowered program (`jax.stages.Lowered`), from placed or abstract arguments; compiles nothing."""
+    with jax.set_mesh(self.mesh_plan.mesh):
+      return self.jitted.lower(*self.args)
 
   def __call__(self):
     with jax.set_mesh(self.mesh_plan.mesh):

@@ -1,0 +1,241 @@
+"""Every decode loop compiled for a TPU without a TPU: memory, KV copies in loops and two cost estimates.
+
+For each (model, method, target, mesh, batch, context) the decoder's loop is compiled from abstract values
+for a TPU topology (`loopspec_jax.analysis.aot`, libtpu from the `[tpu]` extra) and one JSON row is appended
+to <out_dir>/rows.jsonl: the TPU compiler's memory analysis (and whether it fits one chip's HBM; a program
+over HBM is refused by the compiler, which names its temporaries), the KV copies inside while bodies, XLA's
+cost_analysis (flops, bytes, optimal_seconds: the whole program, one loop iteration and what is outside the
+loop) beside the repository's HLO parser on the same TPU HLO (one iteration of the outer loop), and the ideal
+bytes of one AR token (`cost.ar_token_bytes`). Rows already in the file are skipped, so a run resumes.
+
+  loopspec-aot
+  loopspec-aot --config.models=huginn:0125 --config.methods="ar;loopspec:d1=2,d2=8" --config.targets=tpu:v5p
+
+Settings: configs/aot.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import math
+import os
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+
+from loopspec_jax.analysis import aot, cost
+from loopspec_jax.configs import models as model_configs
+from loopspec_jax.experiments import common
+
+FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file("config", common.config_path("aot.py"), "AOT settings.", flag_values=FLAGS)
+KEY = ("model", "method", "target", "mesh", "batch", "context")
+
+
+def depths(cfg) -> dict:
+  """LoopSpec / chain draft depths of a model: (2, 8) at R = 32 (the paper's Huginn setting), else R/16, R/4."""
+  r = cfg.recurrence
+  return {"d1": 2, "d2": 8} if r >= 32 else {"d1": max(1, r // 16), "d2": max(2, r // 4)}
+
+
+def parser_row(r: aot.AotLoop, cfg, batch: int, context: int) -> dict:
+  """The HLO parser on the TPU HLO (one iteration of the outer loop) and the ideal AR token."""
+  ideal = cost.ar_token_bytes(cfg, context, batch)
+  row = {"ideal_bytes": ideal["weights"] + ideal["kv"]}
+  if r.compiled:
+    step = cost.analyze_hlo(r.hlo, r.kv_dims, r.slot_bytes)
+    row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
+  return row
+
+
+def hlo_path(hlo_dir: str, key: tuple) -> str:
+  return os.path.join(hlo_dir, "_".join(str(k) for k in key).replace(":", "-").replace(",", "-") + ".hlo.gz")
+
+
+def measure(spec: str, method: str, target: str, mesh: tuple, batch: int, context: int, dtype: str, hlo_dir=None):
+  """One row; with hlo_dir, the TPU HLO is kept there (gzip) for `reparse`."""
+  cfg = model_configs.model_config(spec).replace(dtype=dtype, max_len=context)
+  r = aot.compile_loop(cfg, method, target, mesh, batch=batch)
+  row = {
+      "model": spec,
+      "method": method,
+      "target": r.target,
+      "mesh": "x".join(map(str, mesh)),
+      "batch": batch,
+      "context": context,
+      "compiled": r.compiled,
+      "error": r.error,
+      "compile_seconds": r.compile_seconds,
+      **{k: r.memory.get(k) for k in ("argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "hbm_bytes")},
+      "fits": r.memory.get("fits"),
+      "loop_copies": r.loop_copies,
+      "xla_bytes": r.xla_cost.get("bytes accessed"),
+      "xla_flops": r.xla_cost.get("flops"),
+      "xla_optimal_seconds": r.xla_cost.get("optimal_seconds"),
+      "parser_bytes": None,
+      "parser_flops": None,
+      "host": common.machine_description(),
+      "jax": jax.__version__,
+  }
+  row.update(parser_row(r, cfg, batch, context))
+  if hlo_dir and r.compiled:
+    os.makedirs(hlo_dir, exist_ok=True)
+    with gzip.open(hlo_path(hlo_dir, tuple(row[k] for k in KEY)), "wt") as fh:
+      fh.write(r.hlo)
+  return row
+
+
+def reparse(path: str, hlo_dir: str, dtype: str):
+  """Recomputes the parser's fields of every row whose HLO was kept in hlo_dir (after a parser change), and
+  the memory of refused rows from their message (`aot.refused_memory`)."""
+  rows = read_rows(path)
+  for row in rows:
+    src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
+    cfg = model_configs.model_config(row["model"]).replace(dtype=dtype, max_len=row["context"])
+    loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
+    if not row["compiled"] and row["error"]:
+      mem = aot.refused_memory(row["error"], loop)
+      row.update({k: mem[k] for k in ("hbm_bytes", "argument_bytes", "temp_bytes")})
+    if not row["compiled"] or not os.path.exists(src):
+      continue
+    with gzip.open(src, "rt") as fh:
+      hlo = fh.read()
+    slot = cost.slot_bytes(cfg, row["batch"], loop.total_len)
+    step = cost.analyze_hlo(hlo, cost.kv_leaf_dims(loop.state), slot)
+    row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
+    row["loop_copies"] = aot.loop_copies(hlo, math.prod(cost.kv_leaf_dims(loop.state)[0][-4:]), loop.total_len)
+  common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def grid(f) -> list:
+  """(model, method spec, target, mesh, batch, context) of every row asked for."""
+  out = []
+  for i, spec in enumerate(common.split_list(f.models)):
+    d = depths(model_configs.model_config(spec))
+    specs = [m.strip().format(**d) for m in (f.methods if i == 0 else f.other_methods).split(";") if m.strip()]
+    for method in specs:
+      for target in common.split_list(f.targets):
+        for mesh in common.split_list(f.meshes):
+          for batch in common.split_list(f.batches):
+            for context in common.split_list(f.contexts):
+              out.append((spec, method, target, tuple(int(x) for x in mesh.split("x")), int(batch), int(context)))
+  return out
+
+
+def done_keys(path: str) -> set:
+  if not os.path.exists(path):
+    return set()
+  with open(path) as fh:
+    rows = [json.loads(line) for line in fh if line.strip()]
+  return {tuple(r[k] for k in KEY) for r in rows}
+
+
+def markdown(rows: list) -> str:
+  """One line per row: fits, HBM and temporaries (GB), KV copies in loops, parser vs XLA bytes / flops."""
+  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
+  lines = [
+      "| model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
+      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB |",
+      "|" + "---|" * 17,
+  ]
+  for r in rows:
+    fits = {True: "yes", False: "no", None: "-"}[r["fits"]]
+    ratio = f"{r['xla_bytes'] / r['parser_bytes']:.2f}" if r["parser_bytes"] and r["xla_bytes"] else "-"
+    ms = "-" if r["xla_optimal_seconds"] is None else f"{1e3 * r['xla_optimal_seconds']:.1f}"
+    copies = "-" if r["loop_copies"] is None else r["loop_copies"]
+    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], fits, gb(r["hbm_bytes"])]
+    cells += [gb(r["temp_bytes"]), copies, gb(r["parser_bytes"]), gb(r["xla_bytes"]), ratio]
+    cells += [gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return "\n".join(lines)
+
+
+def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:
+  """Programs of known traffic, compiled for the target: one bf16 [1, e] x [e, f] matvec (reads the weight,
+  e f 2 bytes, once; 2 e f flops), a while loop of 10 iterations of it, and of 10 iterations of two. Each
+  row: XLA's cost_analysis and the parser's one iteration beside the known figures."""
+  sh = jax.sharding.NamedSharding(aot.target_mesh(aot.parse_target(target)), jax.sharding.PartitionSpec())
+  x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sh) for s in ((1, e), (e, f)))
+
+  def looped(n):
+    body = lambda c: (c[0] + 1, functools.reduce(lambda y, _: (y @ c[2])[:, :e], range(n), c[1]), c[2])
+    return lambda x, w: jax.lax.while_loop(lambda c: c[0] < 10, body, (0, x, w))[1]
+
+  rows = []
+  for name, fn, n in (
+      ("one matvec", lambda x, w: x @ w, 1),
+      ("loop: 10 x 1", looped(1), 1),
+      ("loop: 10 x 2", looped(2), 2),
+  ):
+    c = jax.jit(fn).lower(x, w).compile()
+    ca = aot.xla_cost_row(c)
+    step = cost.analyze_hlo(c.as_text()) if n and "while" in c.as_text() and name != "one matvec" else None
+    rows.append(
+        {
+            "program": name,
+            "known_bytes_per_iteration": n * e * f * 2.0,
+            "known_flops_per_iteration": n * 2.0 * e * f,
+            "xla_bytes": ca.get("bytes accessed"),
+            "xla_flops": ca.get("flops"),
+            "xla_optimal_seconds": ca.get("optimal_seconds"),
+            "parser_bytes": step.total_bytes if step else None,
+            "parser_flops": step.flops if step else None,
+        }
+    )
+  return rows
+
+
+def read_rows(path: str) -> list:
+  with open(path) as fh:
+    return [json.loads(line) for line in fh if line.strip()]
+
+
+def main(argv):
+  del argv
+  f = _CONFIG.value
+  reason = aot.tpu_unavailable()
+  if reason:
+    raise SystemExit(f"loopspec-aot: {reason}")
+  path = os.path.join(f.out_dir, "rows.jsonl")
+  os.makedirs(f.out_dir, exist_ok=True)
+  if f.micro:
+    rows = micro_programs(common.split_list(f.targets)[0])
+    common.atomic_write_text(os.path.join(f.out_dir, "micro.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    return print("\n".join(json.dumps(r) for r in rows))
+  if f.reparse:
+    reparse(path, f.hlo_dir, f.dtype)
+    return write_table(f.out_dir, path)
+  done = done_keys(path)
+  for spec, method, target, mesh, batch, context in grid(f):
+    key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
+    if key in done:
+      continue
+    row = measure(spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir)
+    with open(path, "a") as fh:
+      fh.write(json.dumps(row) + "\n")
+    gb = lambda k: f"{row[k] / 1e9:.2f}" if row.get(k) is not None else "-"
+    print(
+        f"{spec} {method} {key[2]} {key[3]} b{batch} ctx{context}: compiled={row['compiled']} fits={row['fits']} "
+        f"temp={gb('temp_bytes')} GB copies={row['loop_copies']} parser={gb('parser_bytes')} xla={gb('xla_bytes')} GB "
+        f"({row['compile_seconds']:.0f} s)",
+        flush=True,
+    )
+  write_table(f.out_dir, path)
+
+
+def write_table(out_dir: str, path: str):
+  text = markdown(read_rows(path))
+  print(text)
+  common.atomic_write_text(os.path.join(out_dir, "table.md"), text + "\n")
+
+
+def run():
+  common.run(main, FLAGS)
+
+
+if __name__ == "__main__":
+  run()

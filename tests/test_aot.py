@@ -1,0 +1,89 @@
+"""Compile-only TPU targets (loopspec_jax.analysis.aot): every registered method's decode loop compiles for a
+TPU topology without a TPU, its memory is reported, and no while body copies a KV buffer.
+
+Needs libtpu (the `[tpu]` extra; .ci/run installs it): without it the compile tests skip. The sizes are tiny
+(Huginn-shaped, R = 4, 32 positions) and the draft lengths short, so each compile takes seconds (5-20 s on a
+loaded 2-core host). At these sizes the compiler keeps caches in on-chip memory; copies into it are not KV
+copies in HBM (`aot.loop_copies`).
+"""
+
+import jax
+import pytest
+
+from loopspec_jax.analysis import aot
+from loopspec_jax.configs.models import model_config
+from loopspec_jax.methods import NAMES
+
+needs_tpu = pytest.mark.skipif(aot.tpu_unavailable() is not None, reason=f"TPU compiler: {aot.tpu_unavailable()}")
+TARGET = "tpu:v5e"
+CFG = model_config("huginn:tiny", recurrence=4, max_len=32)
+# every registered method (auto picks one of them) at draft lengths short enough to compile in seconds
+SPECS = (
+    "ar",
+    "chain:d1=2,gamma=2",
+    "loopspec:d1=1,d2=2",
+    "loopspec:d1=2",
+    "tree:gamma=2,branch=2,tree_nodes=4",
+    "draft:gamma=2",
+    "lookup:ngram=2,gamma=2",
+    "lookahead",
+    "medusa",
+    "eagle:gamma=2,branch=2,tree_nodes=4",
+    "mtp",
+)
+
+
+def test_specs_cover_every_method():
+  assert {s.partition(":")[0] for s in SPECS} == set(NAMES) - {"auto"}
+  assert {s.partition(":")[0] for s in aot.method_specs()} == set(NAMES) - {"auto"}
+
+
+@pytest.mark.parametrize(
+    "text, name",
+    [("cpu", "cpu"), ("tpu:v5e", "tpu:v5e:2x2"), ("TPU:v5p:2x2x2", "tpu:v5p:2x2x2"), ("tpu:v6e:2x4", "tpu:v6e:2x4")],
+)
+def test_parse_target(text, name):
+  assert aot.parse_target(text).name == name
+
+
+@pytest.mark.parametrize("text", ["gpu", "tpu", "tpu:v9", "tpu:v5e:big", "tpu:v5e:2x2:x"])
+def test_parse_target_rejects(text):
+  with pytest.raises(ValueError, match="unknown target"):
+    aot.parse_target(text)
+
+
+def test_refused_temp_bytes():
+  msg = "RESOURCE_EXHAUSTED: ... the total memory required for HLO temporaries (31.65G) exceeds available HBM (15.75G)."
+  assert aot.refused_temp_bytes(msg) == pytest.approx(31.65 * 1024**3)
+  assert aot.refused_temp_bytes("other") is None
+
+
+@needs_tpu
+def test_topology_leaves_the_default_backend_alone():
+  before = jax.default_backend()
+  devices = aot.target_devices(aot.parse_target("tpu:v5e:2x2"))
+  assert len(devices) == 4 and devices[0].platform == "tpu"
+  assert jax.default_backend() == before
+  assert float(jax.numpy.ones(3).sum()) == 3.0  # the default backend still runs programs
+
+
+@needs_tpu
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_method_compiles_for_tpu(spec):
+  r = aot.compile_loop(CFG, spec, TARGET)
+  assert r.compiled, r.error
+  assert r.memory["argument_bytes"] > 0 and r.memory["temp_bytes"] >= 0 and r.memory["fits"]
+  assert r.xla_cost.get("flops", 0) > 0 and "optimal_seconds" in r.xla_cost
+  assert "while" in r.hlo
+  assert r.loop_copies == 0, f"{spec}: {r.loop_copies} copies of a KV buffer inside a while body"
+
+
+def test_loop_copies_counts_only_kv_buffers_in_while_bodies():
+  def loop(buf, v):
+    body = lambda c: (c[0] + 1, c[1].at[c[0]].set(v), c[1])  # the carry holds old and new: a copy per iteration
+    return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, buf, buf))
+
+  buf, row = jax.numpy.zeros((4, 16, 8)), jax.numpy.ones((16, 8))
+  hlo = jax.jit(loop).lower(buf, row).compile().as_text()
+  assert aot.loop_copies(hlo, 16 * 8, 16) >= 1
+  assert aot.loop_copies(hlo, 16 * 8, 99) == 0  # no buffer of that cache length
