@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 _ENV = "LOOPSPEC_TEST_JAX_CACHE"
 
 
@@ -39,3 +41,16 @@ def pytest_unconfigure(config):
   if folder:
     shutil.rmtree(folder, ignore_errors=True)
     os.environ.pop(_ENV, None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test module (`jax.clear_caches`). XLA CPU maps 1,000-2,700 pages
+  of JIT code per compiled decode loop (experiments/common.release_compiled), and a worker that compiles every
+  method of many files in one process ran past the kernel's 65,530 mappings and crashed (a segmentation fault
+  in test_dflash, 2026-12-06). Later modules that need a program again load it from the run's compilation
+  cache (above) instead of compiling it."""
+  yield
+  import jax
+
+  jax.clear_caches()
