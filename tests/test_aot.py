@@ -30,6 +30,7 @@ SPECS = (
     "medusa",
     "eagle:gamma=2,branch=2,tree_nodes=4",
     "mtp",
+    "dflash:gamma=2",
 )
 
 

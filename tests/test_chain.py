@@ -144,12 +144,10 @@ def test_sampling_traces_once_and_is_seeded_and_batch_independent():
     [
         (dict(gamma=0), r"gamma >= 1, got 0"),
         (dict(gamma=-2), r"gamma >= 1, got -2"),
-        (dict(gamma=None), r"gamma >= 1, got None"),
         (dict(gamma=1.5), r"gamma >= 1, got 1.5"),
         (dict(d1=8), r"draft depth 1 <= d1 < R=8, got 8"),
         (dict(d1=9), r"draft depth 1 <= d1 < R=8, got 9"),
         (dict(d1=0), r"draft depth 1 <= d1 < R=8, got 0"),
-        (dict(d1=None), r"draft depth 1 <= d1 < R=8, got None"),
         (dict(prompts=[[1, 64]]), r"token id 64 outside the vocabulary \[0, 64\)"),
         (dict(prompts=[list(range(60))]), r"exceeds the context of 64 positions"),
     ],

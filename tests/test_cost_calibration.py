@@ -17,6 +17,7 @@ from loopspec_jax.experiments import cost_calibration
 FIELDS = ("model", "method", "sampling", "context", "predicted_ms", "measured_ms", "predicted_ratio", "measured_ratio")
 
 
+@pytest.mark.slow  # 38 s in the default suite (CI 2026-12-06); the default suite's budget is about 10 minutes
 def test_calibration_writes_consistent_rows(tmp_path):
   c = calibrate_config.get_config("tiny")
   c.out_dir = str(tmp_path)

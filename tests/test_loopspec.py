@@ -228,7 +228,6 @@ def test_sampling_is_reproducible_and_batch_independent():
     [
         (dict(d1=3), r"d1=3 must divide the recurrence R=8"),
         (dict(d1=8), r"d1=8 must be smaller than R=8"),
-        (dict(d1=None), r"integer d1 >= 1"),
         (dict(d1=0), r"integer d1 >= 1"),
         (dict(d1=2, d2=2), r"d2=2 must satisfy d1 < d2 < R"),
         (dict(d1=4, d2=2), r"d2=2 must satisfy d1 < d2 < R"),

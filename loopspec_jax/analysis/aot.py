@@ -187,6 +187,7 @@ METHOD_SPECS = (
     "medusa",
     "eagle",
     "mtp",
+    "dflash",
 )
 
 
@@ -196,9 +197,9 @@ def method_specs(d1: int = 2, d2: int = 8) -> tuple:
 
 def stand_in_arguments(cfg: ModelConfig, spec: str) -> dict:
   """Abstract stand-ins for the artefacts a method takes (shapes only; nothing is trained or loaded): draft's
-  drafter is the target's own architecture at recurrence 1; medusa (4 heads), eagle and mtp get heads of
+  drafter is the target's own architecture at recurrence 1; medusa (4 heads), eagle, mtp and dflash get heads of
   their kind shaped for cfg."""
-  from loopspec_jax.heads import artefact, eagle, medusa, mtp  # noqa: PLC0415 (heavy: only these methods)
+  from loopspec_jax.heads import artefact, dflash, eagle, medusa, mtp  # noqa: PLC0415 (heavy: only these methods)
   from loopspec_jax.models import looped, model  # noqa: PLC0415
 
   name = spec.partition(":")[0]
@@ -209,6 +210,7 @@ def stand_in_arguments(cfg: ModelConfig, spec: str) -> dict:
       "medusa": lambda: ("medusa", medusa.abstract_params, medusa.config_of(cfg, 4)),
       "eagle": lambda: ("eagle", eagle.abstract_params, eagle.head_config(cfg)),
       "mtp": lambda: ("mtp", lambda c: mtp.init_params_abstract(cfg), mtp.head_config(cfg, 1.0)),
+      "dflash": lambda: ("dflash", dflash.abstract_params, dflash.head_config(cfg)),
   }
   if name in heads:
     kind, shapes, config = heads[name]()

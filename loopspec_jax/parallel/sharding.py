@@ -175,7 +175,7 @@ _LOOP = EntryPoint(("params", "state", "state"), donate=(1,), out=1)  # (params,
 # method='draft': the drafter's parameters follow the usual arguments; its KV cache is in the state.
 _DRAFT_INIT = dataclasses.replace(_INIT, kinds=_INIT.kinds + ("draft_params",))
 _DRAFT_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("draft_params",))
-# The head methods (medusa, eagle, mtp): the head's parameters follow the usual arguments, replicated (a head is
+# The head methods (medusa, eagle, mtp, dflash): the head's parameters follow the usual arguments, replicated (a head is
 # small beside the target: a block and the LM head at most).
 _HEAD_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("replicated",))
 _DECODING = "loopspec_jax.decoding"
@@ -198,8 +198,8 @@ ENTRY_POINTS = types.MappingProxyType(
         f"{_DECODING}.tree.self_spec.decode_loop": _LOOP,
         f"{_DECODING}.tree.lookahead.initial_state": _INIT,
         f"{_DECODING}.tree.lookahead.decode_loop": _LOOP,
-        **{f"{_DECODING}.tree.{m}.initial_state": _INIT for m in ("medusa", "eagle", "mtp")},
-        **{f"{_DECODING}.tree.{m}.decode_loop": _HEAD_LOOP for m in ("medusa", "eagle", "mtp")},
+        **{f"{_DECODING}.tree.{m}.initial_state": _INIT for m in ("medusa", "eagle", "mtp", "dflash")},
+        **{f"{_DECODING}.tree.{m}.decode_loop": _HEAD_LOOP for m in ("medusa", "eagle", "mtp", "dflash")},
     }
 )
 _N_STATIC = 4  # run_sharded's static arguments: (fn, static keyword items, parameter layouts, mesh plan)
