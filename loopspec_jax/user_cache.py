@@ -115,10 +115,9 @@ class PlanStore(dict):
   def __init__(self, salt: str = ""):
     super().__init__()
     self._salt = salt
-    self._encode, self._decode, self._key_text = encode_method, decode_method, key_text
 
   def _path(self, key) -> Optional[str]:
-    folder, text = _STATE["plans"], self._key_text(key)
+    folder, text = _STATE["plans"], key_text(key)
     if folder is None or text is None:
       return None
     salt = f"{_version()}|{self._salt}|{platform.node()}|{text}"
@@ -144,7 +143,7 @@ class PlanStore(dict):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-      json.dump({"key": self._key_text(key), "method": self._encode(method), "plan": plan}, f, default=_plain)
+      json.dump({"key": key_text(key), "method": encode_method(method), "plan": plan}, f, default=_plain)
     os.replace(tmp, path)  # atomic: a reader sees a whole plan or none
 
   def _load(self, key) -> Optional[Tuple[object, dict]]:
@@ -154,9 +153,9 @@ class PlanStore(dict):
     try:
       with open(path) as f:
         saved = json.load(f)
-      if saved["key"] != self._key_text(key):
+      if saved["key"] != key_text(key):
         return None  # a hash collision, or a file of another version
-      return self._decode(saved["method"]), dict(saved["plan"], from_disk=path)
+      return decode_method(saved["method"]), dict(saved["plan"], from_disk=path)
     except (OSError, ValueError, KeyError, TypeError):
       return None  # a damaged or foreign file is a cache miss, never an error
 

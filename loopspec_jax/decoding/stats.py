@@ -112,8 +112,7 @@ class DecodeStats:
     for k in self._row_keys(later):
       a, b = self.per_request.get(k, [0] * n), later.per_request.get(k, [0] * n)
       rows[k] = [x + (y if keep else 0) for x, y, keep in zip(a, b, live)]
-    planned = dataclasses.replace(later, planned=True)
-    return dataclasses.replace(self, planned=True)._joined(planned, rows, self._config == later._config)
+    return dataclasses.replace(self._joined(later, rows, self._config == later._config), planned=True)
 
   def as_planned(self) -> "DecodeStats":
     """These counts marked as the planner's (`planned`): they may join runs of the planner's other picks."""
