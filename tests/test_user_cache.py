@@ -96,6 +96,16 @@ def test_a_bad_setting_is_one_line_not_a_traceback(capsys):
   assert e.value.code == 2 and len(err.splitlines()) == 1 and "error: chain needs" in err and "--config" in err
 
 
+def test_a_persistent_cache_hit_counts_its_read_not_the_compile_it_saved():
+  """jax's cache events (time a hit saved, its retrieval inside the backend-compile span) add nothing."""
+  before = compile_clock.seconds()
+  jax.monitoring.record_event_duration_secs("/jax/compilation_cache/compile_time_saved_sec", 30.0)
+  jax.monitoring.record_event_duration_secs("/jax/compilation_cache/cache_retrieval_time_sec", 0.2)
+  assert compile_clock.seconds() == before
+  jax.monitoring.record_event_duration_secs("/jax/core/compile/backend_compile_duration", 0.25)
+  assert compile_clock.seconds() == pytest.approx(before + 0.25)
+
+
 def test_compile_seconds_are_counted_apart():
   before = compile_clock.seconds()
   jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(7)).block_until_ready()
