@@ -181,10 +181,8 @@ def _stop_sequences(model: LoopedModel, stop) -> Optional[tuple]:
         raise ValueError(f"stop string {item!r} needs the model's tokenizer; give token ids instead")
       if not item:
         raise ValueError("a stop string is empty")
-      found = stop_seqs.text_stops([item], model.encode, model.decode)
-      if not found:
-        raise ValueError(f"stop string {item!r} has no encoding of at most {stop_seqs.MAX_STOP_TOKENS} tokens")
-      seqs += found
+      # a special token's text (e.g. '<|endoftext|>') decodes to nothing: its encoding as it is
+      seqs += stop_seqs.text_stops([item], model.encode, model.decode) or [model.encode(item)]
     else:
       seqs.append(item)
   return stop_seqs.normalize(seqs, model.config.vocab_size)
