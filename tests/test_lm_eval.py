@@ -85,17 +85,23 @@ def context_of(sample) -> str:
 # ---------------------------------------------------------------------------------------------------
 # generate_until
 # ---------------------------------------------------------------------------------------------------
-def test_generate_until_equals_generate(gsm8k_runs, model):
-  """The harness's responses are `generate`'s greedy tokens (context cut to 128 - 16), cut at the stop texts."""
-  res, _ = gsm8k_runs["ar"]
-  samples = per_doc(res["samples"][GSM8K])
-  assert len(samples) == 2
+def assert_responses_are_decodes(model, samples):
+  """Each GSM8K-CoT response is `generate`'s greedy decode of its context (cut to 128 - 16 tokens) with the
+  backend's stop sequences, cut at eos and at the stop texts."""
   prompts = [model.encode(context_of(s))[-(model.config.max_len - MAX_NEW) :] for s in samples]
   until = ["Q:", "</s>", "<|im_end|>", "<|endoftext|>"]
   out = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=0, stop=backend_stops(model, until))
   for s, toks in zip(samples, out.tokens):
     toks = toks[: toks.index(0)] if 0 in toks else toks
     assert s["resps"] == [[backend.cut_at_stops(model.decode(toks), until)]]
+
+
+def test_generate_until_equals_generate(gsm8k_runs, model):
+  """The harness's responses are `generate`'s greedy tokens (context cut to 128 - 16), cut at the stop texts."""
+  res, _ = gsm8k_runs["ar"]
+  samples = per_doc(res["samples"][GSM8K])
+  assert len(samples) == 2
+  assert_responses_are_decodes(model, samples)
 
 
 def test_loopspec_accuracy_and_responses_equal_ar(gsm8k_runs, model):
@@ -209,12 +215,7 @@ def test_chat_task_runs_through_the_template(gsm8k_runs, model, offline_tm):
   print(repr(context[:80]), "...", repr(context[-80:]))
   assert context.startswith("USER:\nQ: ") and context.endswith(f"Q: {doc['question']}\nA:\n\nASSISTANT:\n")
   assert context.count("USER:\n") == 9 and context.count("ASSISTANT:\n") == 9  # 8 shots + the question
-  prompts = [model.encode(context_of(s))[-(model.config.max_len - MAX_NEW) :] for s in samples]
-  until = ["Q:", "</s>", "<|im_end|>", "<|endoftext|>"]
-  out = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=0, stop=backend_stops(model, until))
-  for s, toks in zip(samples, out.tokens):
-    toks = toks[: toks.index(0)] if 0 in toks else toks
-    assert s["resps"] == [[backend.cut_at_stops(model.decode(toks), until)]]
+  assert_responses_are_decodes(model, samples)
   assert lm.chat_template(True) == open(bundled_template()).read() and lm.chat_template(False) is None
 
 
