@@ -13,6 +13,7 @@ import pytest
 
 import helpers
 import loopspec_jax
+from test_planner import quick_planner  # noqa: F401  (a fixture)
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import stops
 
@@ -179,3 +180,26 @@ def test_every_method_stops_where_ar_stops(model, free, name):
   ar = run(model, stop)
   assert len(ar.tokens[1]) <= 11 and len({len(t) for t in ar.tokens}) > 1, ar.tokens
   assert run(model, stop, **_method_kwargs(name, model)).tokens == ar.tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position", [2, 3, 4])
+def test_auto_stops_on_either_side_of_the_replan_boundary(position, quick_planner, monkeypatch):
+  """method="auto" re-plans after N = 3 tokens and continues on prompt + prefix, whose loop cannot look back
+  past the join: a stop ending at token N - 1, N (the continuation must not run on) or N + 1 (straddling the
+  join) still ends the output where AR's does (`generate` cuts the joined tokens at the first stop)."""
+  from loopspec_jax import planner
+  from test_planner import forced_measure
+
+  model = helpers.tiny_model("huginn:tiny")
+  auto = planner.Auto(probe_tokens=0, measure=2, rounds=1, replan=3)
+  prompts = [list(p) for p in helpers.EOS_PROMPTS]
+  gen = lambda **kw: loopspec_jax.generate(model, prompts, max_new_tokens=helpers.MAX_NEW, **kw)
+  free = gen(stop=[[model.config.vocab_size - 1] * 2]).tokens
+  r = next(i for i, t in enumerate(free) if stops.cut_tokens(t, [t[position - 2 : position]]) == t[:position])
+  stop = free[r][position - 2 : position]
+  want = gen(stop=[stop])
+  assert want.tokens[r] == free[r][:position]
+  monkeypatch.setattr(planner, "measure", forced_measure([loopspec_jax.Chain(d1=1, gamma=2), loopspec_jax.AR()]))
+  got = gen(method=auto, stop=[stop])
+  assert got.tokens == want.tokens, (position, got.stats["plan"])
