@@ -168,6 +168,7 @@ def evaluate_one(cfg, lm, task: str, tm) -> dict:
       fewshot_random_seed=cfg.seed,
       task_manager=tm,
       confirm_run_unsafe_code=bool(cfg.allow_code_execution),
+      apply_chat_template=bool(cfg.get("apply_chat_template", False)),
   )
 
 
@@ -274,12 +275,22 @@ def table(rows: List[dict]) -> str:
   return "\n".join(lines)
 
 
+# The backend's model arguments the config may set, with their defaults (a default is left out of a row's key).
+_BACKEND_DEFAULTS = {"init_state": "zeros", "chat_template": "", "enable_thinking": None, "think_end_token": ""}
+
+
+def backend_settings(cfg) -> dict:
+  """The config's model arguments of the backend that are not the default."""
+  return {k: cfg.get(k, d) for k, d in _BACKEND_DEFAULTS.items() if cfg.get(k, d) != d}
+
+
 def run_evaluation(cfg, model=None) -> dict:
   """Runs (or resumes) the evaluation; returns {'rows': this run's rows with ratios, 'table': markdown}."""
   tasks, methods = check_config(cfg)
   _set_environment(cfg, tasks)
   from loopspec_jax.integrations import lm_eval as backend  # registers the backend; imports the harness
 
+  dtype = backend.check_dtype(cfg.dtype)  # a clear error before the model loads
   tm = task_manager(tasks)
   tasks = expand_tags(tm, tasks)
   check_code_opt_in(cfg, tasks)
@@ -299,6 +310,8 @@ def run_evaluation(cfg, model=None) -> dict:
       "depth": cfg.depth,
       "seed": cfg.seed,
   }
+  ident.update(backend_settings(cfg))  # only where not the default: the keys of earlier rows stay valid
+  ident.update({"apply_chat_template": True} if cfg.get("apply_chat_template") else {})
   keys = {(t, l): DA.run_key(**ident, task=t, method=l) for t in tasks for l in label_of}
   todo = [(t, l) for t in tasks for l in label_of if keys[(t, l)] not in existing]
   skipped = [f"{t} / {l}" for t in tasks for l in label_of if keys[(t, l)] in existing]
@@ -308,7 +321,7 @@ def run_evaluation(cfg, model=None) -> dict:
   try:
     if todo:
       if model is None:
-        model = loopspec_jax.load(cfg.model, dtype=cfg.dtype)
+        model = loopspec_jax.load(cfg.model, dtype=dtype)
       lms = {}
       for task, label in todo:
         if cfg.get("stop_after") is not None and new_rows >= cfg.stop_after:
@@ -323,6 +336,7 @@ def run_evaluation(cfg, model=None) -> dict:
               depth=cfg.depth,
               seed=cfg.seed,
               warmup=cfg.warmup,
+              **backend_settings(cfg),
           )
         if cfg.progress:
           print(f"evaluate {model_label} / {task} / {label}", flush=True)

@@ -18,6 +18,7 @@ from loopspec_jax.checkpoint import hf as hf_checkpoint
 from loopspec_jax.checkpoint import native
 from loopspec_jax import methods
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding import stops as stop_seqs
 from loopspec_jax.decoding.common import GenerateResult
 from loopspec_jax.models import looped as M
 from loopspec_jax.models.model import LoopedModel, from_config
@@ -114,6 +115,7 @@ def generate(
     sharding_rules=None,
     draft_model: Optional[LoopedModel] = None,
     ngram: Optional[int] = None,
+    stop=None,
     **method_kwargs,
 ) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with `method`: a `Method` object (`lj.LoopSpec(d1=2, d2=8)`), or a
@@ -132,6 +134,9 @@ def generate(
   on a mesh its parameters and cache are sharded by the same rules as the target's.
   `gate_mass` (loopspec with d2, sampled): the second proposal's gate also needs this much residual mass
   sum(max(0, p_d2 - q1)); None or 0 is the paper's gate. Any value keeps decoding lossless.
+  `stop`: stop sequences, each a string (needs the model's tokenizer; its encodings with and without a leading
+  space, `decoding.stops.text_stops`) or a list of token ids: a request ends, like at eos, with the first new
+  token that completes one (inside the decode loop, also mid-commit; the sequence's tokens are returned).
   `**method_kwargs`: any other argument of the chosen method (its dataclass fields, e.g. `branch=4,
   tree_nodes=32` for 'tree'); one the method does not take is a ValueError naming it.
   """
@@ -143,18 +148,44 @@ def generate(
   common.validate_sampling(temperature, top_k, top_p, init_state, cfg)
   if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
+  stops = _stop_sequences(model, stop)
   greedy = float(temperature) == 0.0
   random_init = init_state == "random"
   method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
   method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
   sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id)
+  sampling.update({"stops": stops} if stops else {})
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
   run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
   # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (planner.Auto) picks
   # here, and with re-planning continues from a prefix through `run_at(prompts + prefix, tokens left)`
-  return methods.build(method, **method_args).generate(
+  result = methods.build(method, **method_args).generate(
       model, prompts, max_new_tokens, greedy, run=run_at(prompts, max_new_tokens), run_at=run_at
   )
+  if stops:  # a no-op but for 'auto' with re-planning: its continuation cannot see a stop straddling the join
+    result.tokens = [stop_seqs.cut_tokens(t, stops) for t in result.tokens]
+  return result
+
+
+def _stop_sequences(model: LoopedModel, stop) -> Optional[tuple]:
+  """`generate`'s `stop` (a string, or a list of strings and token-id lists) as validated token sequences."""
+  if stop is None:
+    return None
+  items = [stop] if isinstance(stop, str) else stop
+  if not isinstance(items, (list, tuple)):
+    raise ValueError(f"stop must be a string or a list of strings and token-id lists, got {type(stop).__name__}")
+  seqs = []
+  for item in items:
+    if isinstance(item, str):
+      if model.tokenizer is None:
+        raise ValueError(f"stop string {item!r} needs the model's tokenizer; give token ids instead")
+      if not item:
+        raise ValueError("a stop string is empty")
+      # a special token's text (e.g. '<|endoftext|>') decodes to nothing: its encoding as it is
+      seqs += stop_seqs.text_stops([item], model.encode, model.decode) or [model.encode(item)]
+    else:
+      seqs.append(item)
+  return stop_seqs.normalize(seqs, model.config.vocab_size)
 
 
 def _run(

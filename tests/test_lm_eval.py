@@ -14,6 +14,8 @@ import sys
 from absl import flags
 from absl import logging
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,6 +31,7 @@ import helpers  # noqa: E402
 import loopspec_jax  # noqa: E402
 from loopspec_jax import tasks as offline_tasks  # noqa: E402
 from loopspec_jax.configs.eval import default as eval_config  # noqa: E402
+from loopspec_jax.decoding import stops as stop_seqs  # noqa: E402
 from loopspec_jax.experiments import common  # noqa: E402
 from loopspec_jax.experiments import evaluate  # noqa: E402
 from loopspec_jax.integrations import lm_eval as backend  # noqa: E402
@@ -65,6 +68,11 @@ def gsm8k_runs(model, offline_tm):
   return out
 
 
+def backend_stops(model, until) -> list:
+  """The stop token sequences the backend decodes with for the stop strings `until` (eos text included)."""
+  return stop_seqs.text_stops(until, model.encode, model.decode)
+
+
 def per_doc(samples) -> list:
   """The harness logs one sample per (document, filter); one per document, by doc_id."""
   return sorted({s["doc_id"]: s for s in samples}.values(), key=lambda s: s["doc_id"])
@@ -77,17 +85,23 @@ def context_of(sample) -> str:
 # ---------------------------------------------------------------------------------------------------
 # generate_until
 # ---------------------------------------------------------------------------------------------------
+def assert_responses_are_decodes(model, samples):
+  """Each GSM8K-CoT response is `generate`'s greedy decode of its context (cut to 128 - 16 tokens) with the
+  backend's stop sequences, cut at eos and at the stop texts."""
+  prompts = [model.encode(context_of(s))[-(model.config.max_len - MAX_NEW) :] for s in samples]
+  until = ["Q:", "</s>", "<|im_end|>", "<|endoftext|>"]
+  out = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=0, stop=backend_stops(model, until))
+  for s, toks in zip(samples, out.tokens):
+    toks = toks[: toks.index(0)] if 0 in toks else toks
+    assert s["resps"] == [[backend.cut_at_stops(model.decode(toks), until)]]
+
+
 def test_generate_until_equals_generate(gsm8k_runs, model):
   """The harness's responses are `generate`'s greedy tokens (context cut to 128 - 16), cut at the stop texts."""
   res, _ = gsm8k_runs["ar"]
   samples = per_doc(res["samples"][GSM8K])
   assert len(samples) == 2
-  prompts = [model.encode(context_of(s))[-(model.config.max_len - MAX_NEW) :] for s in samples]
-  out = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=model.config.eos_id)
-  until = ["Q:", "</s>", "<|im_end|>", "<|endoftext|>"]
-  for s, toks in zip(samples, out.tokens):
-    toks = toks[: toks.index(0)] if 0 in toks else toks
-    assert s["resps"] == [[backend.cut_at_stops(model.decode(toks), until)]]
+  assert_responses_are_decodes(model, samples)
 
 
 def test_loopspec_accuracy_and_responses_equal_ar(gsm8k_runs, model):
@@ -103,6 +117,33 @@ def test_loopspec_accuracy_and_responses_equal_ar(gsm8k_runs, model):
   assert sum(s["commits"].values()) == s["tokens"] and s["commits"]["first"] > 0
   assert s["mean_accepted_length"] > 1.0 and s["method"] == "loopspec(d1=2)" and s["greedy"]
   assert ls_lm.speed_stats("another_task") is None
+
+
+def test_until_ends_the_decode_inside_the_loop(gsm8k_runs, model):
+  """A stop string taken from AR's own response ends the decode at its last token, inside the decode loop (the
+  per-request token counts stop there, short of the budget), for AR and LoopSpec alike; the response is the
+  text before it. The task's other stop strings stay, so the programs of `gsm8k_runs` are reused."""
+  samples = per_doc(gsm8k_runs["ar"][0]["samples"][GSM8K])
+  contexts, kw = [context_of(s) for s in samples], dict(samples[0]["arguments"][0][1])
+  prompts = [model.encode(c)[-(model.config.max_len - MAX_NEW) :] for c in contexts]
+  until = list(kw["until"]) + ["<|endoftext|>"]
+  free = loopspec_jax.generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=0, stop=backend_stops(model, until))
+  free = free.tokens[0]
+  assert len(free) == MAX_NEW and 0 not in free  # no stop string in request 0's free decode
+  for end in range(4, MAX_NEW):
+    text = model.decode(free[end - 2 : end])
+    if text.strip() and model.encode(text) == free[end - 2 : end] and text not in model.decode(free[: end - 1]):
+      break
+  kw["until"] = [text if u == "Q:" else u for u in kw["until"]]
+  reqs = [Instance("generate_until", {}, (c, kw), idx=0, metadata=(GSM8K, i, 1)) for i, c in enumerate(contexts)]
+  got = {}
+  for name, mkw in (("ar", {"method": "ar"}), ("loopspec", LOOPSPEC)):
+    lm = backend.LoopSpecLM(model=model, batch_size=2, **mkw)
+    got[name] = lm.generate_until(reqs, disable_tqdm=True), lm.calls[-1]["counts"].per_request["tokens"]
+  print(f"stop {text!r} = tokens {free[end - 2 : end]} ends request 0 at token {end}: {got['ar']}")
+  assert got["ar"] == got["loopspec"]
+  assert got["ar"][0][0] == backend.cut_at_stops(model.decode(free[:end]), kw["until"])
+  assert end in got["ar"][1] and sum(got["ar"][1]) < 2 * MAX_NEW
 
 
 @pytest.mark.slow
@@ -150,6 +191,70 @@ def test_sampled_generation_is_reproducible_and_batch_independent(model):
   # A task's `repeats` arrive as copies of one Instance: each copy samples anew, the first as the request alone.
   repeats = backend.LoopSpecLM(model=model, batch_size=2, warmup=False).generate_until([reqs[0]] * 2, True)
   assert repeats[0] == both[0] and repeats[1] != repeats[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chat templates, thinking, dtype
+# ---------------------------------------------------------------------------------------------------
+def bundled_template() -> str:
+  from loopspec_jax.checkpoint import native
+
+  return os.path.join(native.bundled_path("tiny-raven"), "chat_template.jinja")
+
+
+def test_chat_task_runs_through_the_template(gsm8k_runs, model, offline_tm):
+  """`apply_chat_template=True` through the harness: every GSM8K-CoT prompt is the bundled play-script template's
+  rendering of the 8 shots as chat turns and the question (USER: / ASSISTANT: lines), and the responses are
+  the decodes of those prompts (the programs of `gsm8k_runs`: the contexts are cut to the same length)."""
+  del gsm8k_runs
+  lm = backend.LoopSpecLM(model=model, batch_size=2, chat_template=bundled_template())
+  res = harness(lm, [GSM8K], offline_tm, gen_kwargs=GEN_KWARGS, apply_chat_template=True)
+  samples = per_doc(res["samples"][GSM8K])
+  doc = samples[0]["doc"]
+  context = context_of(samples[0])
+  print(repr(context[:80]), "...", repr(context[-80:]))
+  assert context.startswith("USER:\nQ: ") and context.endswith(f"Q: {doc['question']}\nA:\n\nASSISTANT:\n")
+  assert context.count("USER:\n") == 9 and context.count("ASSISTANT:\n") == 9  # 8 shots + the question
+  assert_responses_are_decodes(model, samples)
+  assert lm.chat_template(True) == open(bundled_template()).read() and lm.chat_template(False) is None
+
+
+def test_chat_template_thinking_and_continuation(model, tmp_path, caplog):
+  """enable_thinking reaches a template that reads it (and a warning names a template that does not);
+  add_generation_prompt=False continues the final message; think_end_token keeps the text after the thought;
+  a model without a template gets a clear error."""
+  (tmp_path / "think.jinja").write_text(
+      "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% if enable_thinking %}<think>{% endif %}{% endif %}"
+  )
+  chat = [{"role": "user", "content": "2 + 3?"}]
+  for thinking, tail in ((True, "<assistant><think>"), (False, "<assistant>"), (None, "<assistant>")):
+    lm = backend.LoopSpecLM(model=model, chat_template=str(tmp_path / "think.jinja"), enable_thinking=thinking)
+    assert lm.apply_chat_template(chat) == "<user>2 + 3?</user>" + tail
+  prefix = chat + [{"role": "assistant", "content": "The answer is"}]
+  assert lm.apply_chat_template(prefix, add_generation_prompt=False) == "<user>2 + 3?</user><assistant>The answer is"
+  with caplog.at_level("WARNING"):
+    lm = backend.LoopSpecLM(model=model, chat_template=bundled_template(), enable_thinking="true")
+  assert "no enable_thinking variable" in caplog.text and lm.enable_thinking is True
+  assert lm.apply_chat_template(chat) == "USER:\n2 + 3?\n\nASSISTANT:\n"
+  with pytest.raises(ValueError, match="ships no chat template"):
+    backend.LoopSpecLM(model=model).apply_chat_template(chat)
+  lm = backend.LoopSpecLM(model=model, think_end_token="</think>", warmup=False)
+  lm._generate = lambda prompts, *a, **k: [model.encode("I think. Q: no</think> The answer is 5. Q: next")]
+  req = Instance("generate_until", {}, ("Q: 2 + 3?\nA:", {"until": ["Q:"]}), idx=0, metadata=("t", 0, 1))
+  assert lm.generate_until([req], disable_tqdm=True) == ["The answer is 5. "]
+
+
+def test_dtype_option(model):
+  """dtype= is the parameter dtype when loading (aliases too); an unknown one is refused before loading."""
+  lm = backend.LoopSpecLM(pretrained="tiny-raven", dtype="bf16")
+  assert {x.dtype for x in jax.tree_util.tree_leaves(lm.model.params)} == {jnp.dtype("bfloat16")}
+  with pytest.raises(ValueError, match="dtype='int8' is not a known parameter dtype"):
+    backend.LoopSpecLM(pretrained="tiny-raven", dtype="int8")
+  cfg = _eval_cfg("/nonexistent")
+  cfg.dtype = "float8"
+  with pytest.raises(ValueError, match="float8"):
+    evaluate.run_evaluation(cfg, model=model)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
   loopspec-evaluate                                    # this config: tiny-raven, the offline GSM8K-CoT + MATH-500
   loopspec-evaluate --config=eval/default.py:bundled   # the docs/evaluation.md table (4 tasks, 10 documents, 3 methods)
   loopspec-evaluate --config=eval/default.py:quick     # 2 GSM8K-CoT documents, AR and LoopSpec
-  loopspec-evaluate --config.model=/path/to/huginn-0125 --config.dtype=bfloat16 \
+  loopspec-evaluate --config.model=/path/to/huginn-0125 --config.dtype=bfloat16 --config.init_state=random \
       --config.methods='ar;loopspec:d1=2,d2=8' --config.tasks=gsm8k_cot,minerva_math500 --config.limit=none
+  loopspec-evaluate --config.apply_chat_template=true --config.enable_thinking=true ...  # a chat model's tasks
 
 Tasks are lm-eval task names: the offline ones of loopspec_jax/tasks/ (loopspec_gsm8k_cot,
 loopspec_minerva_math500, loopspec_humaneval, loopspec_mbpp, loopspec_shakespeare) or, on a machine that reaches
@@ -23,7 +24,12 @@ def get_config(arg=None):
   c.model = "tiny-raven"  # bundled model name, HF checkpoint dir or loopspec_jax.save() dir
   c.model_label = ""  # display name (default: the spec)
   c.tokenizer = ""  # tokenizer.json / bundled model name for checkpoints without a tokenizer; '' = the model's
-  c.dtype = "float32"
+  c.dtype = "float32"  # parameter dtype when loading: float32, bfloat16 or float16
+  c.init_state = "zeros"  # Raven / Huginn: 'random' is the release's (and Huginn's) random initial state
+  c.apply_chat_template = False  # the harness's apply_chat_template: prompts through the model's chat template
+  c.chat_template = ""  # a Jinja file or template text ('' = the one the checkpoint ships)
+  c.enable_thinking = config_dict.placeholder(bool)  # passed to the chat template; none: not passed
+  c.think_end_token = ""  # the response is the text after it (a thinking model's end of thought); '' = none
   c.tasks = "loopspec_gsm8k_cot,loopspec_minerva_math500"  # comma-separated lm-eval task names
   c.methods = "ar;loopspec:d1=2,d2=8"  # ';'-separated method specs
   c.limit = config_dict.placeholder(int)  # documents per task; none: all

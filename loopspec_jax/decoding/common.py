@@ -22,6 +22,7 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import compile_clock
 from loopspec_jax.decoding import sampling
+from loopspec_jax.decoding import stops as stop_seqs
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -40,6 +41,8 @@ class SamplingParams:
   sampled ones in one compiled program); `row_distributions` broadcasts them to the logits' leading shape.
   `tick_budget` (None in `generate`): when set, `loop_until_done` also stops after that many iterations or
   as soon as a request finishes, so a serving engine can return to the host between bounded runs.
+  `stops` (None: no stop sequences, no check compiled): int32 [K, L] token sequences that end a request like
+  eos, checked at every commit (decoding/stops.py).
   """
 
   temperature: jax.Array = axes_field("batch")  # [B]
@@ -50,10 +53,13 @@ class SamplingParams:
   eos_id: jax.Array = axes_field()  # [] (-1: none)
   max_new: jax.Array = axes_field("batch")  # [B]
   tick_budget: Optional[jax.Array] = axes_field(default=None)  # [] iterations per loop call (None: until done)
+  stops: Optional[jax.Array] = axes_field(None, None, default=None)  # [K, L] stop sequences (None: none)
 
 
-def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None):
-  """SamplingParams for n requests; max_new_tokens, temperature, top_k, top_p are scalars or per-request [n]."""
+def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None, stops=None):
+  """SamplingParams for n requests; max_new_tokens, temperature, top_k, top_p are scalars or per-request [n];
+  `stops`: token-id sequences (`stops.stop_table`; None: none)."""
+  table = stop_seqs.stop_table(stops)
   rid = np.arange(n) if request_ids is None else np.asarray(request_ids)
   per = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (n,))
   return SamplingParams(
@@ -64,6 +70,7 @@ def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos
       request_ids=jnp.asarray(rid, jnp.int32),
       eos_id=jnp.int32(-1 if eos_id is None else eos_id),
       max_new=per(max_new_tokens, jnp.int32),
+      stops=None if table is None else jnp.asarray(table),
   )
 
 
@@ -147,7 +154,8 @@ def loop_until_done(body, state, sp: Optional[SamplingParams] = None):
 
 
 def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):
-  """Appends up to S tokens y [B, S] per request (the first n_commit [B]), stopping at eos and the budget.
+  """Appends up to S tokens y [B, S] per request (the first n_commit [B]), stopping at eos, at the end of a
+  stop sequence (`sp.stops`, which may straddle earlier commits: decoding/stops.py) and at the budget.
 
   Returns (tokens, length, n_new, done, n_committed [B]). Finished requests commit nothing.
   """
@@ -155,13 +163,16 @@ def commit_tokens(tokens, length, n_new, done, y, n_commit, sp: SamplingParams):
   t = tokens.shape[1]
   idx = jnp.arange(s)[None, :]
   n = jnp.minimum(n_commit, sp.max_new - n_new)
-  is_eos = (y == sp.eos_id) & (idx < n[:, None])
-  first_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, s + 1)
-  n = jnp.where(done, 0, jnp.minimum(n, first_eos))
+  is_end = y == sp.eos_id
+  if sp.stops is not None:
+    is_end = is_end | stop_seqs.stop_hits(tokens, length, n_new, y, sp.stops)
+  is_end = is_end & (idx < n[:, None])
+  first_end = jnp.where(jnp.any(is_end, axis=1), jnp.argmax(is_end, axis=1) + 1, s + 1)
+  n = jnp.where(done, 0, jnp.minimum(n, first_end))
   write_pos = jnp.where(idx < n[:, None], length[:, None] + idx, t)
   tokens = tokens.at[jnp.arange(b)[:, None], write_pos].set(y, mode="drop")
   n_new = n_new + n
-  done = done | ((n_new >= sp.max_new) | (first_eos <= n))
+  done = done | ((n_new >= sp.max_new) | (first_end <= n))
   return tokens, length + n, n_new, done, n
 
 

@@ -16,10 +16,18 @@ Request types:
 - `generate_until`: requests are grouped by (task, generation kwargs) and decoded `batch_size` at a time through
   `loopspec_jax.generate` with the model arguments' method (`ar`, `chain` with d1/gamma, `loopspec` with
   d1/d2/lane_capacity); every lossless method returns AR's tokens under greedy decoding, so task accuracy is the
-  same for every method. A decode runs to `max_gen_toks` or the end-of-sequence token (the decoders stop only at
-  eos); the text is then cut at the first stop sequence (`until`), as the harness's other backends return it.
-  Contexts are cut from the left to the model's context minus `max_gen_toks`. Each request gets a stable
-  request id (task, document, repeat), so sampled outputs do not depend on batching.
+  same for every method. A decode stops inside the decode loop at `max_gen_toks`, the end-of-sequence token or
+  a stop sequence (`until`): each stop string becomes token sequences (its encoding, and its encoding after a
+  space: `decoding.stops.text_stops`), and a request ends at the first committed token that completes one,
+  also in the middle of a speculative commit, so tokens and time are measured on the text the harness scores
+  (as the release's decoding stops). The text is then cut at the first stop string (`cut_at_stops`), as the
+  harness's other backends return it: exact whatever the tokenisation (a stop string the model spells with
+  other tokens only does not end the decode early). With `think_end_token`, the response is the text after
+  the thinking trace, as the harness's HF backend returns it. Contexts are cut from the left to the model's
+  context minus `max_gen_toks`. Each request gets a stable request id (task, document, repeat), so sampled
+  outputs do not depend on batching.
+- `apply_chat_template` (the harness's `--apply_chat_template`): the checkpoint's chat template (serving/chat.py;
+  the bundled models ship one), with `enable_thinking` passed when given.
 - `loglikelihood` / `loglikelihood_rolling`: log-probabilities of the readout at depth `depth` (default: the
   full depth R) from `loopspec_jax.readouts`, one forward per request, padded on the right to a power-of-two
   length (causal attention: the padding changes no scored position) so that a few programs compile.
@@ -50,17 +58,22 @@ import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax import methods
 from loopspec_jax.decoding import common as decoding
+from loopspec_jax.decoding import stops as stop_seqs
 from loopspec_jax.decoding.stats import DecodeStats
+from loopspec_jax.serving import chat
 from loopspec_jax.tasks import TASKS_DIR
 
 NAME = "loopspec_jax"
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
+# the `dtype` model argument: parameter dtypes by name and alias
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
+DTYPES["fp16"] = "float16"
 _MIN_PAD = 32
 
 log = logging.getLogger(__name__)
 
 # Shapes whose decode programs this process has compiled: (config, method, method args, greedy, init state,
-# batch, prompt bucket, total bucket). jit caches are per process, so this set is too.
+# batch, prompt bucket, total bucket, stop table shape). jit caches are per process, so this set is too.
 _COMPILED = set()
 
 
@@ -69,6 +82,25 @@ def _parse_none(v):
   if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "")):
     return None
   return v
+
+
+def _opt_bool(name: str, v) -> Optional[bool]:
+  v = _parse_none(v)
+  if v is None or isinstance(v, bool):
+    return v
+  if str(v).strip().lower() in ("true", "1", "yes"):
+    return True
+  if str(v).strip().lower() in ("false", "0", "no"):
+    return False
+  raise ValueError(f"model argument {name}={v!r} is not true, false or 'none'")
+
+
+def check_dtype(dtype) -> str:
+  """The parameter dtype a model argument names (float32, bfloat16, float16; fp32 / bf16 / fp16 too)."""
+  name = str(dtype).strip().lower()
+  if name not in DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not a known parameter dtype; use one of float32, bfloat16, float16")
+  return DTYPES[name]
 
 
 def _opt_int(name: str, v) -> Optional[int]:
@@ -114,7 +146,7 @@ class LoopSpecLM(TemplateLM):
     pretrained     bundled model name (`tiny-raven`, `tiny-ouro`), HF checkpoint dir or `loopspec_jax.save` dir
     model          a loaded `LoopedModel` instead (Python only; `pretrained` is then ignored)
     tokenizer      a tokenizer.json path or bundled model name, for checkpoints without a tokenizer
-    dtype          parameter dtype when loading (default float32)
+    dtype          parameter dtype when loading: float32 (default), bfloat16 or float16 (fp32 / bf16 / fp16)
     method         a method name or spec of `loopspec_jax.methods` ('ar' (default), 'chain', 'loopspec:2,8',
                    or in Python a `Method` object,
                    'lookup', ...); d1, d2, gamma, lane_capacity and any other argument of that method may
@@ -123,8 +155,12 @@ class LoopSpecLM(TemplateLM):
     max_gen_toks   new-token budget of tasks that do not set one (default 256, at most half the context)
     depth          readout depth of loglikelihood requests (default R, the full depth)
     seed           base seed of sampled decoding (default 0)
-    init_state     'zeros' (default) or 'random' (Raven models)
+    init_state     'zeros' (default) or 'random' (Raven models: the release's per-lane random initial state)
     warmup         time only compiled calls (default true; see the module docstring)
+    chat_template  a Jinja file or template text for `apply_chat_template` (default: the one the checkpoint
+                   ships, serving/chat.py: the bundled models' chat_template.jinja)
+    enable_thinking  passed to the chat template as `enable_thinking` (default: not passed)
+    think_end_token  text ending a thinking trace: a response is the text after its last occurrence
   """
 
   def __init__(
@@ -145,6 +181,9 @@ class LoopSpecLM(TemplateLM):
       seed: int = 0,
       init_state: str = "zeros",
       warmup: bool = True,
+      chat_template=None,
+      enable_thinking=None,
+      think_end_token=None,
       max_batch_size=None,
       device=None,
       **unknown,
@@ -156,8 +195,10 @@ class LoopSpecLM(TemplateLM):
     if unknown:
       raise ValueError(
           f"unknown model argument(s) {sorted(unknown)} for {NAME}; known: pretrained, tokenizer, dtype, method "
-          "(and its arguments), batch_size, max_gen_toks, depth, seed, init_state, warmup"
+          "(and its arguments), batch_size, max_gen_toks, depth, seed, init_state, warmup, chat_template, "
+          "enable_thinking, think_end_token"
       )
+    dtype = check_dtype(dtype)
     del max_batch_size  # the harness's automatic batch sizing does not apply: batches are static shapes here
     # "cuda:0" is the harness CLI's default (`lm_eval --device`), given on every run: only another device
     # string was asked for, and it is the one this backend cannot honour (JAX picks its default backend)
@@ -195,6 +236,11 @@ class LoopSpecLM(TemplateLM):
     if eos is None:
       raise ValueError("the model config names no eos_id and the tokenizer has no <|endoftext|>")
     self._eos = int(eos)
+    self.enable_thinking = _opt_bool("enable_thinking", enable_thinking)
+    self.think_end_token = _parse_none(think_end_token)
+    self._chat = chat.load(model, _parse_none(chat_template))  # None: the checkpoint ships no template
+    if self.enable_thinking is not None and self._chat is not None and "enable_thinking" not in self._chat.variables:
+      log.warning("enable_thinking=%s: the chat template has no enable_thinking variable", self.enable_thinking)
     self.calls: List[dict] = []  # one entry per timed generate call: task, requests, stats
 
   # ---------------------------------------------------------------------------------------------------
@@ -211,6 +257,37 @@ class LoopSpecLM(TemplateLM):
   @property
   def tokenizer_name(self) -> str:
     return f"{NAME}:{self.model.source or self.cfg.family}"
+
+  def chat_template(self, chat_template=False) -> Optional[str]:
+    """The Jinja source of the chat template (logged by the harness); None when chat templates are off."""
+    if not chat_template:
+      return None
+    return self._template().source
+
+  def apply_chat_template(self, chat_history: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The prompt text of a chat history (the harness's `apply_chat_template=True`), through the template the
+    checkpoint ships (serving/chat.py) with `enable_thinking` when given. add_generation_prompt=False continues
+    the final (assistant) message, as HF's continue_final_message; a template that refuses a system message
+    is retried without it, as the harness's HF backend does."""
+    import jinja2
+
+    template = self._template()
+    variables = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+    try:
+      text = template.render(chat_history, add_generation_prompt, **variables)
+    except jinja2.TemplateError:
+      log.warning("the chat template failed; retrying without the system message")
+      chat_history = [m for m in chat_history if m["role"] != "system"]
+      text = template.render(chat_history, add_generation_prompt, **variables)
+    return text if add_generation_prompt else _continue_final(text, chat_history[-1]["content"])
+
+  def _template(self) -> chat.ChatTemplate:
+    if self._chat is None:
+      raise ValueError(
+          f"{self.model.source or self.cfg.family!r} ships no chat template; give the model argument "
+          "chat_template=<Jinja file or template text>, or run without apply_chat_template"
+      )
+    return self._chat
 
   @property
   def method_label(self) -> str:
@@ -281,6 +358,7 @@ class LoopSpecLM(TemplateLM):
     plans = []
     for (task, _), items in groups.items():
       until, max_new, sampling = self._sampling(items[0][3])  # every error is raised before any decode
+      sampling["stop"] = stop_seqs.text_stops(until, self.tok_encode, self.tok_decode) or None
       plans.append((task, items, until, max_new, sampling))
     out: List[Optional[str]] = [None] * len(requests)
     bar = tqdm(total=len(requests), desc=f"{NAME} generate ({self.method_label})", disable=disable_tqdm)
@@ -298,7 +376,10 @@ class LoopSpecLM(TemplateLM):
         for (i, _, context, kw, _), toks in zip(chunk, tokens):
           if self._eos in toks:
             toks = toks[: toks.index(self._eos)]
-          text = cut_at_stops(self.tok_decode(toks), until)
+          text = self.tok_decode(toks)
+          if self.think_end_token:  # the response after the thinking trace (the harness's HF backend)
+            text = text.split(self.think_end_token)[-1].lstrip()
+          text = cut_at_stops(text, until)
           out[i] = text
           self.cache_hook.add_partial("generate_until", (context, kw), text)
         bar.update(len(chunk))
@@ -317,6 +398,7 @@ class LoopSpecLM(TemplateLM):
         **sampling,
     )
     tp, total = decoding.buckets([len(p) for p in prompts], max_new, self.cfg)
+    table = stop_seqs.stop_table(sampling["stop"])
     shape = (
         self.cfg,
         self.method.label,
@@ -325,6 +407,7 @@ class LoopSpecLM(TemplateLM):
         len(prompts),
         tp,
         total,
+        None if table is None else table.shape,
     )
     warm = 0
     if self.warmup and shape not in _COMPILED:
@@ -438,6 +521,16 @@ def _mixed_summary(parts: list) -> dict:
       "tokens_per_second": tokens / max(secs, 1e-9),
       "by_method": {p["method"]: p for p in parts},
   }
+
+
+def _continue_final(text: str, final: str) -> str:
+  """A rendered chat cut right after its final message's content (what follows it is the template's end of
+  turn), so the model continues that message (HF's continue_final_message)."""
+  final = final.strip()
+  at = text.rfind(final) if final else -1
+  if at == -1:
+    raise ValueError("the chat template does not render the final message's content verbatim; cannot continue it")
+  return text[: at + len(final)]
 
 
 def _with_tokenizer(model, spec: str):

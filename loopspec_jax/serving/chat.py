@@ -19,15 +19,23 @@ class ChatTemplate:
   def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
     from jinja2 import sandbox  # the 'serve' extra; imported only when a template is used
 
+    from jinja2 import meta
+
     env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     self.source = source
     self.template = env.from_string(source)
+    self.variables = frozenset(meta.find_undeclared_variables(env.parse(source)))  # e.g. 'enable_thinking'
     self.bos_token, self.eos_token = bos_token, eos_token
 
-  def render(self, messages: list) -> str:
+  def render(self, messages: list, add_generation_prompt: bool = True, **variables) -> str:
+    """The prompt text of `messages`; `variables`: further template variables (e.g. enable_thinking=True)."""
     return self.template.render(
-        messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+        messages=messages,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=self.bos_token,
+        eos_token=self.eos_token,
+        **variables,
     )
 
 
