@@ -40,6 +40,8 @@ from loopspec_jax import methods
 from loopspec_jax import user_cache
 from loopspec_jax import configs
 from loopspec_jax.analysis import depth_metrics
+from loopspec_jax.checkpoint import native
+from loopspec_jax.config import ModelConfig
 from loopspec_jax.configs import models as model_configs
 
 NONE = "none"  # the one spelling of "no value" on the command line and in spec strings
@@ -232,6 +234,18 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
     cfg = model_configs.model_config(spec[len("random:") :], dtype=dtype)
     return api.from_config(cfg, seed=seed, contraction=contraction)
   return loopspec_jax.load(spec, dtype=dtype)
+
+
+def model_config_at(spec: str, dtype: str, context: int):
+  """The `ModelConfig` (no weights) of a configs.models spec ("huginn:0125") or "bundled:<name>", at `dtype`
+  with a context of `context` positions (the cost report's models)."""
+  if spec.startswith("bundled:"):
+    path = os.path.join(native.bundled_path(spec[len("bundled:") :]), native.OWN_CONFIG)
+    with open(path) as f:
+      cfg = ModelConfig.from_dict(json.load(f))
+  else:
+    cfg = model_configs.model_config(spec)
+  return cfg.replace(dtype=dtype, max_len=context)
 
 
 def best_depths(model) -> tuple:

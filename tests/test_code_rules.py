@@ -5,8 +5,8 @@
 - the library (everything but experiments and configs) never imports `loopspec_jax.experiments` or
   `loopspec_jax.configs`;
 - results/ holds no .py or .sh file (scripts/ does);
-- no import cycle between the package's modules (module-level imports; an import inside a function runs
-  when it is called, after every module is loaded, and is the way to break one).
+- layers that only look down (issue 44): the import graph, counting the imports written inside functions
+  (`import_graph.py`), has no circle, and no module imports a layer above its own (`LAYERS`).
 """
 
 from __future__ import annotations
@@ -16,25 +16,27 @@ import pathlib
 
 import pytest
 
+import import_graph
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 _TREES = {"loopspec_jax": "loopspec_jax", "experiments": "loopspec_jax.experiments", "configs": "loopspec_jax.configs"}
+# The library's layers, lowest first: a module may import its own layer and those below, never one above.
+# Modules no layer names (config, analysis.theory / hardware / hlo, heads, probe, user_cache, ...) are held to
+# the no-circle rule alone.
+LAYERS = (
+    ("loopspec_jax.config", "loopspec_jax.models", "loopspec_jax.checkpoint", "loopspec_jax.parallel"),
+    ("loopspec_jax.decoding",),  # the verifiers, the tree machinery, each method's loop
+    ("loopspec_jax.methods",),  # the registry
+    ("loopspec_jax.analysis.cost", "loopspec_jax.analysis.calibrate"),  # the analysis that reads the registry
+    ("loopspec_jax.planner",),
+    ("loopspec_jax.api",),
+    ("loopspec_jax.serving", "loopspec_jax.integrations"),
+    ("loopspec_jax.experiments", "loopspec_jax.configs"),
+)
 
-
-def _modules() -> dict:
-  """{dotted module name: path} of every .py file of the package."""
-  out = {}
-  for folder, prefix in _TREES.items():
-    for path in sorted((ROOT / folder).rglob("*.py")):
-      parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-      if parts[-1] == "__init__":
-        parts = parts[:-1]
-      out[".".join([prefix] + parts)] = path
-  return out
-
-
-MODULES = _modules()
+MODULES = import_graph.modules(ROOT, _TREES)
 TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
 
 
@@ -43,26 +45,7 @@ def _rel(name: str) -> str:
 
 
 def _imports(name: str, top_level_only: bool) -> set:
-  """Package modules `name` imports (`from pkg import mod` counts as mod when mod is a module, else pkg)."""
-  tree, out = TREES[name], set()
-  is_pkg = MODULES[name].name == "__init__.py"
-  nodes = tree.body if top_level_only else list(ast.walk(tree))
-  for node in nodes:
-    if isinstance(node, ast.Import):
-      out.update(a.name for a in node.names if a.name in MODULES)
-    elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:  # relative import
-        pkg = name.split(".") if is_pkg else name.split(".")[:-1]
-        pkg = pkg[: len(pkg) - node.level + 1]
-        base = ".".join(pkg + ([node.module] if node.module else []))
-      for a in node.names:
-        full = f"{base}.{a.name}"
-        if full in MODULES:
-          out.add(full)
-        elif base in MODULES:
-          out.add(base)
-  return out - {name}
+  return import_graph.imports(name, MODULES[name], TREES[name], MODULES, top_level_only)
 
 
 def test_functions_are_short():
@@ -98,47 +81,48 @@ def test_library_does_not_import_experiments_or_configs():
   assert not bad, bad
 
 
-def _cycles(graph: dict) -> list:
-  """Strongly connected components of more than one module (Tarjan)."""
-  index, low, stack, on, out = {}, {}, [], set(), []
-
-  def visit(v):
-    index[v] = low[v] = len(index)
-    stack.append(v)
-    on.add(v)
-    for w in graph[v]:
-      if w not in index:
-        visit(w)
-        low[v] = min(low[v], low[w])
-      elif w in on:
-        low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-      comp = []
-      while True:
-        w = stack.pop()
-        on.discard(w)
-        comp.append(w)
-        if w == v:
-          break
-      if len(comp) > 1:
-        out.append(sorted(comp))
-
-  for v in graph:
-    if v not in index:
-      visit(v)
-  return out
+def _graph() -> dict:
+  """The package's import graph, function-level imports included."""
+  return {name: _imports(name, top_level_only=False) for name in MODULES}
 
 
-def test_no_import_cycle():
-  graph = {name: _imports(name, top_level_only=True) for name in MODULES}
-  assert not _cycles(graph), _cycles(graph)
+def test_no_import_circle():
+  """Counting the imports inside functions: none may close a circle (issue 44 broke a 26-module one)."""
+  circles = import_graph.cycles(_graph())
+  assert not circles, circles
+
+
+def test_layers_only_look_down():
+  up = import_graph.upward_imports(_graph(), LAYERS)
+  assert not up, f"imports of a higher layer (tests/test_code_rules.py LAYERS): {up}"
 
 
 @pytest.mark.parametrize(
     "graph, cycles", [({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]), ({"a": {"b"}, "b": set()}, [])]
 )
 def test_cycle_finder(graph, cycles):
-  assert _cycles(graph) == cycles
+  assert import_graph.cycles(graph) == cycles
+
+
+_HIGH = "from pkg import low\n\ndef g():\n  return low.f()\n"
+_PLANTED = "\n\ndef planted():\n  from pkg import high  # an upward import, inside a function\n\n  return high\n"
+
+
+def test_the_checks_catch_a_planted_function_level_upward_import(tmp_path):
+  """A two-layer package whose low module imports the high one only inside a function: the import graph sees
+  the edge (module-level imports alone would not), so both the circle and the layer checks fail on it."""
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "high.py").write_text(_HIGH)
+  (tmp_path / "pkg" / "low.py").write_text("def f():\n  return 1\n")
+  layers = (("pkg.low",), ("pkg.high",))
+  clean = import_graph.import_graph(tmp_path, {"pkg": "pkg"})
+  assert not import_graph.cycles(clean) and not import_graph.upward_imports(clean, layers)
+  (tmp_path / "pkg" / "low.py").write_text("def f():\n  return 1\n" + _PLANTED)
+  planted = import_graph.import_graph(tmp_path, {"pkg": "pkg"})
+  assert import_graph.cycles(planted) == [["pkg.high", "pkg.low"]]
+  assert import_graph.upward_imports(planted, layers) == ["pkg.low -> pkg.high"]
+  assert not import_graph.cycles(import_graph.import_graph(tmp_path, {"pkg": "pkg"}, top_level_only=True))
 
 
 def test_results_hold_data_not_code():
