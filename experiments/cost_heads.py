@@ -33,7 +33,7 @@ from loopspec_jax.heads import medusa as heads_medusa
 from loopspec_jax.heads import mtp as heads_mtp
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
-from loopspec_jax.experiments import common as xcommon
+from loopspec_experiments import common as xcommon
 
 GB = 1e9
 

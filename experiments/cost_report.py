@@ -5,8 +5,8 @@ Nothing is allocated: each decoder's jitted loop is compiled from `jax.ShapeDtyp
 HLO read by `loopspec_jax.analysis.cost` (see there for what is counted). Prints one table and writes the
 rows as JSON.
 
-  python -m loopspec_jax.experiments.cost_report
-  python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
+  python -m loopspec_experiments.cost_report
+  python -m loopspec_experiments.cost_report --config.models=tiny_raven,tiny_ouro
   loopspec-cost-report --config=cost/calibrate.py   # predicted vs measured on this host (cost_calibration.py)
   loopspec-cost-report --config=cost/sensitivity.py # projection vs per-op overhead (cost_sensitivity.py)
   loopspec-cost-report --config=cost/default.py:heads   # a head's draft cost beside a d1 readout's (cost_heads.py)
@@ -23,12 +23,12 @@ from ml_collections import config_flags
 
 from loopspec_jax.analysis import cost
 from loopspec_jax.config import ModelConfig
-from loopspec_jax.configs import accelerators as accel_configs
+from loopspec_configs import accelerators as accel_configs
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import cost_calibration
-from loopspec_jax.experiments import cost_heads
-from loopspec_jax.experiments import cost_sensitivity
+from loopspec_experiments import common
+from loopspec_experiments import cost_calibration
+from loopspec_experiments import cost_heads
+from loopspec_experiments import cost_sensitivity
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(

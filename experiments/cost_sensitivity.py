@@ -26,8 +26,8 @@ from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hardware
 from loopspec_jax.analysis.hlo_cost import StepCost
-from loopspec_jax.configs import accelerators as accel_configs
-from loopspec_jax.experiments import common
+from loopspec_configs import accelerators as accel_configs
+from loopspec_experiments import common
 
 
 def compact(step: StepCost) -> dict:

@@ -1,6 +1,6 @@
 """Sequoia static tree shapes for tree self-speculation, from measured per-rank acceptance (greedy replay).
 
-  python -P -m loopspec_jax.experiments.tree_shape --out results/trees_shape/<run> [--d1 1,2]
+  python -m loopspec_experiments.tree_shape --out results/trees_shape/<run> [--d1 1,2]
 
 1. Calibration (prompts 8..15 of each task, never the benchmark's first 8): AR's greedy continuation is
    replayed as `tree_bound` does (the drafter's whole candidate pool at every offset); at every on-path pool
@@ -31,8 +31,8 @@ from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import tree_bound
+from loopspec_experiments import bench
+from loopspec_experiments import tree_bound
 from loopspec_jax.models import looped as M
 
 
