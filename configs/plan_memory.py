@@ -14,7 +14,7 @@ def get_config(arg=None):
   if arg:
     raise ValueError(f"unknown preset {arg!r} (override fields with --config.<field>=<value>)")
   c = ml_collections.ConfigDict()
-  c.models = "huginn:0125,ouro:2p6b"  # model config specs '<family>:<variant>' (loopspec_jax.configs.models)
+  c.models = "huginn:0125,ouro:2p6b"  # model config specs '<family>:<variant>' (loopspec_configs.models)
   c.dtype = "bfloat16"  # parameter / cache dtype
   c.context = 4096  # context length (cache positions) per request
   c.meshes = "1x8,2x4"  # mesh shapes DATAxMODEL

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import aot, cost
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.experiments import common
+from loopspec_configs import models as model_configs
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file("config", common.config_path("aot.py"), "AOT settings.", flag_values=FLAGS)

@@ -27,9 +27,9 @@ from ml_collections import config_flags
 import numpy as np
 
 import loopspec_jax
-from loopspec_jax.configs.mesh import _base as mesh_configs
+from loopspec_configs.mesh import _base as mesh_configs
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.parallel import distributed
 from loopspec_jax.parallel import sharding
 

@@ -9,7 +9,7 @@ commit sources and gate-open rate.
 
   loopspec-bench                                          # configs/bench/default.py
   loopspec-bench --config=bench/bundled.py:quick          # a config of configs/, a preset
-  python -m loopspec_jax.experiments.bench --config=bench/bundled.py:two --config.repeats=1
+  python -m loopspec_experiments.bench --config=bench/bundled.py:two --config.repeats=1
   loopspec-bench --config=bench/bundled.py:baselines     # + draft model, prompt lookup, gamma=auto, trees
 
 Method specs are 'name:arg=value,...': integers, 'none', 'auto' (gamma) and, for draft_model, a bundled
@@ -36,8 +36,8 @@ from tqdm import tqdm
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
 from loopspec_jax import prompts as prompt_sets
-from loopspec_jax.experiments import demo
-from loopspec_jax.experiments import common
+from loopspec_experiments import demo
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(

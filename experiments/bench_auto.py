@@ -6,7 +6,7 @@ time the whole `generate` call. The table gives medians over rounds, the ratio t
 ratio to the fastest fixed method, auto's pick (with re-planning: both picks, the second's probe x AR) and the
 first pick's predicted vs probe-measured vs benchmark-measured ms per iteration, and the host load.
 
-  python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py
+  python -m loopspec_experiments.bench_auto --config=bench/auto.py
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import common
+from loopspec_experiments import bench
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(

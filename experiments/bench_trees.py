@@ -1,9 +1,9 @@
 """Token trees side by side with every other method in ONE run: tau and wall clock, greedy and sampled.
 
-  python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py         # configs/bench/trees.py
-  python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:quick
-  python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py --config.out_dir=results/trees/<run>
-  python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py --config.out_dir=... --table_only
+  python -m loopspec_experiments.bench_trees --config=bench/trees.py         # configs/bench/trees.py
+  python -m loopspec_experiments.bench_trees --config=bench/trees.py:quick
+  python -m loopspec_experiments.bench_trees --config=bench/trees.py --config.out_dir=results/trees/<run>
+  python -m loopspec_experiments.bench_trees --config=bench/trees.py --config.out_dir=... --table_only
 
 Per sampling mode and task (each task's prompts one batch, text prompts cut to their last max_len // 2 tokens as loopspec-bench
 does) and sampling mode, every method (spec strings, `methods.parse_list`) runs once untimed (compiles), then
@@ -36,8 +36,8 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import common
+from loopspec_experiments import bench
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(

@@ -1,6 +1,6 @@
 """What every experiment entry point shares: flag parsing, quiet logs, model and method specs, stats sums, files.
 
-Conventions of all experiments (the `loopspec-*` console scripts and `python -m loopspec_jax.experiments.X`):
+Conventions of all experiments (the `loopspec-*` console scripts and `python -m loopspec_experiments.X`):
   * settings are one ml_collections config file per experiment, `--config=PATH[:VARIANT]`; PATH may be relative to
     the working directory or to the package's `configs/` folder (so `--config=bench/bundled.py:quick`
     works from any directory), and VARIANT is only a named preset (the file's `get_config(arg)`);
@@ -38,9 +38,11 @@ from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax import api
 from loopspec_jax import methods
 from loopspec_jax import user_cache
-from loopspec_jax import configs
+import loopspec_configs as configs
 from loopspec_jax.analysis import depth_metrics
-from loopspec_jax.configs import models as model_configs
+from loopspec_jax.checkpoint import native
+from loopspec_jax.config import ModelConfig
+from loopspec_configs import models as model_configs
 
 NONE = "none"  # the one spelling of "no value" on the command line and in spec strings
 CONFIG_DIR = os.path.dirname(os.path.abspath(configs.__file__))
@@ -232,6 +234,18 @@ def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int =
     cfg = model_configs.model_config(spec[len("random:") :], dtype=dtype)
     return api.from_config(cfg, seed=seed, contraction=contraction)
   return loopspec_jax.load(spec, dtype=dtype)
+
+
+def model_config_at(spec: str, dtype: str, context: int):
+  """The `ModelConfig` (no weights) of a configs.models spec ("huginn:0125") or "bundled:<name>", at `dtype`
+  with a context of `context` positions (the cost report's models)."""
+  if spec.startswith("bundled:"):
+    path = os.path.join(native.bundled_path(spec[len("bundled:") :]), native.OWN_CONFIG)
+    with open(path) as f:
+      cfg = ModelConfig.from_dict(json.load(f))
+  else:
+    cfg = model_configs.model_config(spec)
+  return cfg.replace(dtype=dtype, max_len=context)
 
 
 def best_depths(model) -> tuple:

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from loopspec_jax import methods
 from loopspec_jax.analysis import calibrate
 from loopspec_jax.analysis import cost
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 
 def working_set_bytes(cfg, context: int) -> float:

@@ -5,7 +5,7 @@ Each drafter's draft program is compiled alone from abstract shapes (nothing all
 parameters at the model's dtype, as a deployed head would be stored) and its optimised HLO read by
 `analysis/hlo_cost.py`, one draft call per row of the table:
 - `readout d1=k`: one token through the prelude, k core steps, the coda and the LM head, attending to a
-  KV cache holding `context` positions (`tree/self_spec.run_level`, a chain draft / one tree level);
+  KV cache holding `context` positions (`decoding/passes.run_level`, a chain draft / one tree level);
 - `medusa`: every head on one final feature (`tree/medusa.build_tree`: the whole round's tree, k heads and
   their vocabulary projections);
 - `eagle`: one head level of one row (`heads/eagle.step` + the target's final norm and LM head), attending to
@@ -26,13 +26,14 @@ import jax.numpy as jnp
 
 from loopspec_jax.analysis import cost
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding import passes
 from loopspec_jax.decoding.tree import medusa as medusa_decoder
-from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.heads import medusa as heads_medusa
 from loopspec_jax.heads import mtp as heads_mtp
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_experiments import common as xcommon
 
 GB = 1e9
 
@@ -88,7 +89,7 @@ def drafts(cfg, d1s, num_heads: int, batch: int, context: int) -> dict:
   cache = _cache(cfg, b, t)
   layout = kvcache.CacheLayout.of(cfg, 1)
   for d1 in d1s:
-    readout = lambda x, p, c, q, d1=d1: self_spec.run_level(p, c, layout, x, q, 0, None, None, d1, cfg, None)[0]
+    readout = lambda x, p, c, q, d1=d1: passes.run_level(p, c, layout, x, q, 0, None, None, d1, cfg, None)[0]
     out[f"readout d1={d1}"] = (readout, (tok, params, cache, p0), cache, 0)
   mh = _abstract(heads_medusa.abstract_params(heads_medusa.config_of(cfg, num_heads)), cfg.dtype)
   medusa = lambda x, hp, r: medusa_decoder.build_tree(hp, x, r, branch=4, tree_nodes=16).tokens
@@ -139,15 +140,12 @@ def format_rows(rows: list, model: str, context: int) -> str:
 
 def run_draft_costs(c) -> list:
   """The `:heads` preset's report: the draft rows of each model of `c.models` at each context."""
-  from loopspec_jax.experiments import common as xcommon
-  from loopspec_jax.experiments import cost_report
-
   t0 = time.perf_counter()
   rows, tables = [], []
   for label in [m.strip() for m in c.models.split(",") if m.strip()]:
     settings = c.model_settings[label]
     for context in list(settings.contexts) or list(c.contexts):
-      cfg = cost_report.resolve_model(settings.spec, c.dtype, context)
+      cfg = xcommon.model_config_at(settings.spec, c.dtype, context)
       got = draft_rows(cfg, tuple(settings.d1s), int(settings.num_heads), c.batch, context, c.branch)
       rows += [dict(r, model=label, context=context) for r in got]
       tables.append(format_rows(got, label, context))

@@ -5,8 +5,8 @@ Nothing is allocated: each decoder's jitted loop is compiled from `jax.ShapeDtyp
 HLO read by `loopspec_jax.analysis.cost` (see there for what is counted). Prints one table and writes the
 rows as JSON.
 
-  python -m loopspec_jax.experiments.cost_report
-  python -m loopspec_jax.experiments.cost_report --config.models=tiny_raven,tiny_ouro
+  python -m loopspec_experiments.cost_report
+  python -m loopspec_experiments.cost_report --config.models=tiny_raven,tiny_ouro
   loopspec-cost-report --config=cost/calibrate.py   # predicted vs measured on this host (cost_calibration.py)
   loopspec-cost-report --config=cost/sensitivity.py # projection vs per-op overhead (cost_sensitivity.py)
   loopspec-cost-report --config=cost/default.py:heads   # a head's draft cost beside a d1 readout's (cost_heads.py)
@@ -15,7 +15,6 @@ rows as JSON.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from absl import flags
@@ -23,15 +22,13 @@ from absl import logging
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import cost
-from loopspec_jax.checkpoint import native
 from loopspec_jax.config import ModelConfig
-from loopspec_jax.configs import accelerators as accel_configs
-from loopspec_jax.configs.models import model_config
+from loopspec_configs import accelerators as accel_configs
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import cost_calibration
-from loopspec_jax.experiments import cost_heads
-from loopspec_jax.experiments import cost_sensitivity
+from loopspec_experiments import common
+from loopspec_experiments import cost_calibration
+from loopspec_experiments import cost_heads
+from loopspec_experiments import cost_sensitivity
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(
@@ -39,17 +36,6 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 GB = 1e9
-
-
-def resolve_model(spec: str, dtype: str, context: int) -> ModelConfig:
-  """A configs.models spec ("huginn:0125") or "bundled:<name>" (its config only), at dtype and context."""
-  if spec.startswith("bundled:"):
-    path = os.path.join(native.bundled_path(spec[len("bundled:") :]), native.OWN_CONFIG)
-    with open(path) as f:
-      cfg = ModelConfig.from_dict(json.load(f))
-  else:
-    cfg = model_config(spec)
-  return cfg.replace(dtype=dtype, max_len=context)
 
 
 def method_kwargs(name: str, kw: dict) -> dict:
@@ -109,7 +95,7 @@ def _tau_of(method, taus: list):
 def model_rows(label: str, settings, context: int, c, accels: dict) -> list:
   """Rows of every method of one model at one context, with projections and ratios against the first (AR).
   Tree methods (one verify pass per iteration) are projected at their measured tau (`measured_taus`)."""
-  cfg = resolve_model(settings.spec, c.dtype, context)
+  cfg = common.model_config_at(settings.spec, c.dtype, context)
   taus = measured_taus(settings)
   rows = []
   for spec in settings.methods:

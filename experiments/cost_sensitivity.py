@@ -26,8 +26,8 @@ from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hardware
 from loopspec_jax.analysis.hlo_cost import StepCost
-from loopspec_jax.configs import accelerators as accel_configs
-from loopspec_jax.experiments import common
+from loopspec_configs import accelerators as accel_configs
+from loopspec_experiments import common
 
 
 def compact(step: StepCost) -> dict:
@@ -83,7 +83,7 @@ def loop_costs(c, path: str) -> dict:
     s = c.model_settings[label]
     for ctx, batch in c.compile_points:
       ctx = s.contexts[0] if s.get("contexts") else ctx
-      cfg = common_model(s.spec, c.dtype, ctx)
+      cfg = common.model_config_at(s.spec, c.dtype, ctx)
       for spec in s.methods:
         key = f"{label}|{ctx}|{batch}|{spec}"
         if key in data:
@@ -109,12 +109,6 @@ def point_cost(c, data: dict, label: str, ctx: int, batch: int, spec: str):
   return scaled(base, ctx / ctx0, batch), f"scaled from ctx {ctx0} batch 1"
 
 
-def common_model(spec: str, dtype: str, context: int):
-  from loopspec_jax.experiments import cost_report
-
-  return cost_report.resolve_model(spec, dtype, context)
-
-
 def project(c, data: dict) -> list:
   """One row per model x context x batch x overhead x accelerator: tokens/s of each method and the ratios."""
   accels = accel_configs.get_config(c.accelerators).to_dict()
@@ -122,7 +116,7 @@ def project(c, data: dict) -> list:
   for label in common.split_list(c.models):
     s = c.model_settings[label]
     for ctx in s.get("contexts", c.contexts):
-      cfg = common_model(s.spec, c.dtype, ctx)
+      cfg = common.model_config_at(s.spec, c.dtype, ctx)
       for batch in c.batches:
         points = {spec: point_cost(c, data, label, ctx, batch, spec) for spec in s.methods}
         if any(p[0] is None for p in points.values()):

@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax.analysis import cost
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"), "Demo settings.", flag_values=FLAGS)

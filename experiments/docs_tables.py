@@ -1,7 +1,7 @@
 """Copies results tables into the docs, so that no benchmark table in docs/ is typed by hand.
 
-  python -P -m loopspec_jax.experiments.docs_tables --write    # rewrite every marked block from its file
-  python -P -m loopspec_jax.experiments.docs_tables            # check only: exit 1 if a block is stale
+  python -m loopspec_experiments.docs_tables --write    # rewrite every marked block from its file
+  python -m loopspec_experiments.docs_tables            # check only: exit 1 if a block is stale
 
 A block in README.md or docs/*.md is
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     return 0
   bad = stale(root)
   for rel in bad:
-    print(f"stale results block in {rel}: run python -P -m loopspec_jax.experiments.docs_tables --write")
+    print(f"stale results block in {rel}: run python -m loopspec_experiments.docs_tables --write")
   return 1 if bad else 0
 
 

@@ -17,7 +17,7 @@ equal AR's document for document (greedy decoding: every method is lossless, so 
 
   loopspec-evaluate                                    # configs/eval/default.py
   loopspec-evaluate --config=eval/default.py:bundled   # the docs/evaluation.md table
-  python -m loopspec_jax.experiments.evaluate --config=eval/default.py:quick --config.out_dir=/tmp/eval
+  python -m loopspec_experiments.evaluate --config=eval/default.py:quick --config.out_dir=/tmp/eval
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import loopspec_jax
 from loopspec_jax import tasks as offline_tasks
 from loopspec_jax import methods as methods_lib
 from loopspec_jax.analysis import depth_metrics as DA
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(

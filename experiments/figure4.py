@@ -2,7 +2,7 @@
 best gamma, the bundled drafters `<target>-dflash`) and AR, greedy and sampled (T = 1, top-p 0.7), on held-out
 GSM8K and MATH-500 prompts.
 
-  nice -n 10 python -P -m loopspec_jax.experiments.figure4 --out results/dflash_figure4/2026-12-06
+  nice -n 10 python -m loopspec_experiments.figure4 --out results/dflash_figure4/2026-12-06
 
 Per (target, sampling mode) every candidate (AR, the LoopSpec depth pairs of `LOOPSPEC`, DFlash at each gamma
 of `GAMMAS`) runs once per task to compile, then `--repeats` timed rounds, the method order rotated each
@@ -25,7 +25,7 @@ import numpy as np
 import loopspec_jax as lj
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 # candidates per target: LoopSpec depth pairs (skip-free: the default lane table holds the schedule's worst
 # case, decoding/loopspec/state.py stage_width) and DFlash block sizes (the drafters are trained for 6)
@@ -197,7 +197,7 @@ def main(argv=None):
   table, ratios = best_table(rows, best)
   payload = {
       "host": common.machine_description(),
-      "command": "python -P -m loopspec_jax.experiments.figure4 " + " ".join(sys.argv[1:] if argv is None else argv),
+      "command": "python -m loopspec_experiments.figure4 " + " ".join(sys.argv[1:] if argv is None else argv),
       "settings": vars(args) | {"modes": MODES, "tasks": TASKS, "gammas": GAMMAS, "loopspec": LOOPSPEC},
       "paper": PAPER,
       "best": {f"{t}/{m}": v for (t, m), v in best.items()},

@@ -15,7 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import loopspec_jax
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(

@@ -22,7 +22,7 @@ from ml_collections import config_flags
 
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import depth_plots
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(

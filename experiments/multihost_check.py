@@ -41,7 +41,7 @@ import numpy as np
 
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.parallel import distributed
 from loopspec_jax.parallel import sharding
 

@@ -1,7 +1,7 @@
 """The paper's Table 3 (ablation of LoopSpec's second proposal) on a bundled model, in one interleaved run.
 
-  python -P -m loopspec_jax.experiments.paper_table3                          # configs/paper/table3.py
-  python -P -m loopspec_jax.experiments.paper_table3 --config=paper/table3.py:quick
+  python -m loopspec_experiments.paper_table3                          # configs/paper/table3.py
+  python -m loopspec_experiments.paper_table3 --config=paper/table3.py:quick
 
 Every method of the config (AR first, then LoopSpec per depth pair and variant) decodes every prompt one
 request at a time through `bench.benchmark` (a compiling warm-up, then `repeats` interleaved repeats with the
@@ -20,8 +20,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from loopspec_jax import methods as methods_lib
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import common
+from loopspec_experiments import bench
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(

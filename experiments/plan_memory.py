@@ -28,13 +28,13 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.configs.mesh import _base as mesh_configs
+from loopspec_configs import models as model_configs
+from loopspec_configs.mesh import _base as mesh_configs
 from loopspec_jax.decoding import autoregressive as ar
 from loopspec_jax.decoding import common as common_dec
 from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 from loopspec_jax.decoding.loopspec import state as loopspec
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import sharding
 

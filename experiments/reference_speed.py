@@ -22,7 +22,7 @@ implementation runs. Writes reference_speed.json and .md to --out_dir.
 The reference is not part of this repository. Get it with
   git clone https://github.com/seal-rg/recurrent-pretraining /tmp/recurrent-pretraining   # measured at 59e0b69
 and run, in an environment with torch and transformers (4.56 was used; keep torch out of the project venv):
-  python -m loopspec_jax.experiments.reference_speed --reference_dir=/tmp/recurrent-pretraining/recpre
+  python -m loopspec_experiments.reference_speed --reference_dir=/tmp/recurrent-pretraining/recpre
 (docs/benchmarks.md, "AR against the public PyTorch reference", has the environment and the latest table.)
 """
 
@@ -45,8 +45,8 @@ import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax.analysis import cost
 from loopspec_jax.checkpoint import hf
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.experiments import common
+from loopspec_configs import models as model_configs
+from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string(

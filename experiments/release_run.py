@@ -1,6 +1,6 @@
 """Runs one of the LoopSpec release's experiments (configs/release/suite.py) through loopspec-evaluate.
 
-  python -P -m loopspec_jax.experiments.release_run --config=release/suite.py:110     # bundled models, 2 docs
+  python -m loopspec_experiments.release_run --config=release/suite.py:110     # bundled models, 2 docs
 
 For each release model, sampling and task of the preset: the task's shots, budget and seed 1234, every depth
 configuration of the model as one method ('baseline' -> 'ar', 'K:X' -> 'loopspec:K:X'), one request at a time,
@@ -16,10 +16,10 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from loopspec_jax.configs.eval import default as eval_default
-from loopspec_jax.configs.release import suite
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import evaluate
+from loopspec_configs.eval import default as eval_default
+from loopspec_configs.release import suite
+from loopspec_experiments import common
+from loopspec_experiments import evaluate
 
 FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(

@@ -1,6 +1,6 @@
 """AR and the LoopSpec tick on a model against this host's roofline, before and after the AR loop's layout.
 
-  python -P -m loopspec_jax.experiments.roofline --out results/roofline/<host>-<date> [--clock cpu]
+  python -m loopspec_experiments.roofline --out results/roofline/<host>-<date> [--clock cpu]
 
 In one process and interleaved (`calibrate.measure_runs`, the same load on every figure): the AR loop as it
 was ("ar_scan": a `lax.scan` over the R core steps, each step copying its (step, layer) slots out of one
@@ -33,8 +33,8 @@ from loopspec_jax.analysis import cost
 from loopspec_jax.decoding import autoregressive as ar
 from loopspec_jax.decoding import common as dcommon
 from loopspec_jax.decoding import sampling
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import cost_calibration as cc
+from loopspec_experiments import common
+from loopspec_experiments import cost_calibration as cc
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 

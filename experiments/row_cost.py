@@ -42,7 +42,7 @@ from ml_collections import config_flags
 import numpy as np
 
 import loopspec_jax
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.models import looped as M
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)

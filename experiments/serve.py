@@ -29,7 +29,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from loopspec_jax import methods
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.serving import Engine, EngineConfig, Request
 
 FAILURE_GRACE_S = 1.0  # after an engine failure: time for the in-flight error answers before shutting down

@@ -31,9 +31,9 @@ from absl import flags
 
 import loopspec_jax as lj
 from loopspec_jax import methods
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import demo
-from loopspec_jax.experiments.serve import build_engine
+from loopspec_experiments import common
+from loopspec_experiments import demo
+from loopspec_experiments.serve import build_engine
 from loopspec_jax.serving import Request
 
 FLAGS = flags.FlagValues()

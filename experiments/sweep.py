@@ -41,16 +41,16 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import depth_metrics as DA
-from loopspec_jax.configs import accelerators
-from loopspec_jax.configs.models import model_config
+from loopspec_configs import accelerators
+from loopspec_configs.models import model_config
 from loopspec_jax.decoding.stats import DecodeStats
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import sweep_grid
-from loopspec_jax.experiments import sweep_report
-from loopspec_jax.experiments import sweep_stats
-from loopspec_jax.experiments.sweep_grid import method_specs
-from loopspec_jax.experiments.sweep_replay import replay_rows
-from loopspec_jax.experiments.sweep_stats import jackknife_se
+from loopspec_experiments import common
+from loopspec_experiments import sweep_grid
+from loopspec_experiments import sweep_report
+from loopspec_experiments import sweep_stats
+from loopspec_experiments.sweep_grid import method_specs
+from loopspec_experiments.sweep_replay import replay_rows
+from loopspec_experiments.sweep_stats import jackknife_se
 from loopspec_jax.parallel import distributed
 
 # public names (tests and notebooks use them from here): the run, the grid and the jackknife of sweep_stats

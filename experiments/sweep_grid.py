@@ -19,7 +19,7 @@ from absl import logging
 from loopspec_jax import methods
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding.tree import head_method
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 
 
 def ints(text) -> List[int]:

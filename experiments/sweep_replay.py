@@ -16,10 +16,10 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import sweep_grid
-from loopspec_jax.experiments import sweep_report
-from loopspec_jax.experiments import sweep_stats
+from loopspec_experiments import common
+from loopspec_experiments import sweep_grid
+from loopspec_experiments import sweep_report
+from loopspec_experiments import sweep_stats
 
 
 class _Cfg(dict):

@@ -19,7 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import loopspec_jax
-from loopspec_jax.experiments import common
+from loopspec_experiments import common
 from loopspec_jax.train import trainer as T
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)

@@ -1,6 +1,6 @@
 """Trains EAGLE heads (loopspec_jax/heads/eagle.py) on features recorded from the frozen tiny-raven target.
 
-    nice -n 10 .venv/bin/python -P -m experiments.train_eagle --out /tmp/eagle_runs --steps 300
+    nice -n 10 .venv/bin/python -m loopspec_experiments.train_eagle --out /tmp/eagle_runs --steps 300
 
 Records once a bank of training windows (the target's own corpus, `loopspec_jax.train.data.batch_at`, seed
 `--data_seed`) and held-out windows (the held-out Shakespeare tail, `eval_windows`), then trains each feature

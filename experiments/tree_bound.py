@@ -1,6 +1,6 @@
 """What bounds the greedy tau of tree self-speculation (`method="tree"`): replayed rounds on AR's own text.
 
-  python -P -m loopspec_jax.experiments.tree_bound --out results/trees/<run> [--d1 1,2] [--num 8] [--new 96]
+  python -m loopspec_experiments.tree_bound --out results/trees/<run> [--d1 1,2] [--num 8] [--new 96]
 
 Greedy output is AR's, and a round's tree depends only on the committed text, so the tree at every position
 of AR's continuation can be drafted once, offline: the AR continuation (prompt + 96 greedy tokens) is
@@ -36,7 +36,7 @@ import loopspec_jax
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import select as select_lib
 from loopspec_jax.decoding.tree import self_spec
-from loopspec_jax.experiments import bench
+from loopspec_experiments import bench
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 

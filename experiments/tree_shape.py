@@ -1,6 +1,6 @@
 """Sequoia static tree shapes for tree self-speculation, from measured per-rank acceptance (greedy replay).
 
-  python -P -m loopspec_jax.experiments.tree_shape --out results/trees_shape/<run> [--d1 1,2]
+  python -m loopspec_experiments.tree_shape --out results/trees_shape/<run> [--d1 1,2]
 
 1. Calibration (prompts 8..15 of each task, never the benchmark's first 8): AR's greedy continuation is
    replayed as `tree_bound` does (the drafter's whole candidate pool at every offset); at every on-path pool
@@ -26,13 +26,13 @@ import numpy as np
 
 import loopspec_jax
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding import passes
 from loopspec_jax.decoding.tree import draft_tree as dt
-from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import tree_bound
+from loopspec_experiments import bench
+from loopspec_experiments import tree_bound
 from loopspec_jax.models import looped as M
 
 
@@ -66,8 +66,8 @@ def shape_depths(model, seqs, plens, d1: int, shape, branch: int, new: int) -> n
   def draft(params, cache, toks, p0):
     params = M.prepare_params(params, cfg)
     root = toks[jnp.arange(b), p0]
-    logits0, past = self_spec.run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, None)
-    run = lambda lvl, tk, past, pm: self_spec.run_level(params, cache, layout, tk, p0, lvl, past, pm, d1, cfg, None)
+    logits0, past = passes.run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, None)
+    run = lambda lvl, tk, past, pm: passes.run_level(params, cache, layout, tk, p0, lvl, past, pm, d1, cfg, None)
     return dt.expand(shape, root, logits0, run, past, sp, dt.draft_keys(sp, p0), branch=branch, sample=False)[0]
 
   depth = np.broadcast_to(np.asarray(shape.depth), (b, len(shape.depth)))
@@ -107,8 +107,8 @@ def chain_dists(model, seqs, plens, d1: int, gamma: int, new: int, sp):
     qs, past = [], None
     for lvl in range(gamma):
       pm = None if lvl == 0 else jnp.ones((b, 1, lvl), bool)
-      lg, new_e = self_spec.run_level(params, cache, layout, path[:, lvl : lvl + 1], p0, lvl, past, pm, d1, cfg, None)
-      past = self_spec._append(past, new_e)
+      lg, new_e = passes.run_level(params, cache, layout, path[:, lvl : lvl + 1], p0, lvl, past, pm, d1, cfg, None)
+      past = passes.append_level(past, new_e)
       qs.append(lg[:, 0])
     depth = jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
     par = jnp.broadcast_to(jnp.maximum(jnp.arange(gamma + 1, dtype=jnp.int32) - 1, 0), (b, gamma + 1))

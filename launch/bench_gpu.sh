@@ -37,9 +37,9 @@ fi
 CMDS=(
   "${SETUP[@]}"
   "$PY -c 'import jax; print(jax.devices())'"
-  "$PY -m loopspec_jax.experiments.bench $BUNDLED"
-  "$PY -m loopspec_jax.experiments.bench $HUGINN"
-  "$PY -m loopspec_jax.experiments.cost_report $CALIBRATE"
+  "$PY -m loopspec_experiments.bench $BUNDLED"
+  "$PY -m loopspec_experiments.bench $HUGINN"
+  "$PY -m loopspec_experiments.cost_report $CALIBRATE"
 )
 for c in "${CMDS[@]}"; do
   echo "+ $c"

@@ -3,8 +3,8 @@
 #   launch/local.sh experiments.demo --config.model=tiny-ouro [flags...]
 #   launch/local.sh --dry-run experiments.bench --config=bench/bundled.py:quick     (only prints the command)
 #   launch/local.sh --processes 2 --cpu-devices 2 experiments.multihost_check      (2 processes x 2 CPU devices)
-# MODULE is a module of loopspec_jax.experiments: `experiments.X` (or just `X`) is shorthand for
-# `loopspec_jax.experiments.X`; a full dotted name is used as given.
+# MODULE is a module of loopspec_experiments: `experiments.X` (or just `X`) is shorthand for
+# `loopspec_experiments.X`; a full dotted name is used as given.
 # Uses $PYTHON if set, else the checkout's .venv python if present, else python.
 #
 # Multi-process mode (--processes N, N > 1; or PROCESSES=N): starts N copies of the module on this machine as
@@ -74,12 +74,12 @@ fi
 MODULE="$1"
 shift
 case "$MODULE" in
-  loopspec_jax.*) ;;
-  experiments.*) MODULE="loopspec_jax.$MODULE" ;;
+  loopspec_*.*) ;;
+  experiments.*) MODULE="loopspec_$MODULE" ;;
   *.*) ;;
-  *) MODULE="loopspec_jax.experiments.$MODULE" ;;
+  *) MODULE="loopspec_experiments.$MODULE" ;;
 esac
-CMD=("$PY" -P -m "$MODULE" "$@")  # -P: the checkout root must not shadow the installed package
+CMD=("$PY" -P -m "$MODULE" "$@")  # -P: the installed packages only, no file of the working directory
 
 CPU_ENV=()
 if [[ -n "$CPU_DEVICES" ]]; then

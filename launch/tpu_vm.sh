@@ -6,7 +6,7 @@
 #   NAME=ls-v5e16 ZONE=us-west4-a ACCELERATOR=v5litepod-16 launch/tpu_vm.sh \
 #       experiments.batch_bench --config.mesh=v5e_16
 #   launch/tpu_vm.sh --dry-run experiments.plan_memory --config.meshes=2x4   (only prints the gcloud commands)
-# MODULE: `experiments.X` (or `X`) is shorthand for `loopspec_jax.experiments.X`; a full dotted name is kept.
+# MODULE: `experiments.X` (or `X`) is shorthand for `loopspec_experiments.X`; a full dotted name is kept.
 #
 # Settings (environment, or the flags above):
 #   NAME          TPU VM name (default loopspec-$USER)
@@ -50,10 +50,10 @@ if [[ -z "$EXPERIMENT" ]]; then
 fi
 
 case "$EXPERIMENT" in
-  loopspec_jax.*) ;;
-  experiments.*) EXPERIMENT="loopspec_jax.$EXPERIMENT" ;;
+  loopspec_*.*) ;;
+  experiments.*) EXPERIMENT="loopspec_$EXPERIMENT" ;;
   *.*) ;;
-  *) EXPERIMENT="loopspec_jax.experiments.$EXPERIMENT" ;;
+  *) EXPERIMENT="loopspec_experiments.$EXPERIMENT" ;;
 esac
 
 ACCELERATOR="${ACCELERATOR:-v4-8}"

@@ -1,22 +1,24 @@
 """The public entry points: `load`, `save`, `readouts`, `generate` (stable; outside tools call them).
 
 `generate` validates its arguments (before anything compiles), builds the chosen method's `Decoder` and
-hands it to the one host driver, `decoding.common.run_decoder`.
+hands it to the one host driver, `decoding.common.run_decoder`; method "auto" goes to the planner
+(`planner.generate`), which picks a registered method and runs it through the same driver. `load` lives in
+`checkpoint/loading.py` (below the decoders: a drafter given by name loads through it).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopspec_jax.checkpoint import hf as hf_checkpoint
+from loopspec_jax.checkpoint import loading
 from loopspec_jax.checkpoint import native
 from loopspec_jax import methods
+from loopspec_jax import planner
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import stops as stop_seqs
 from loopspec_jax.decoding.common import GenerateResult
@@ -25,38 +27,11 @@ from loopspec_jax.models.model import LoopedModel, from_config
 from loopspec_jax.parallel import sharding
 
 bundled_models = native.bundled_models
+load = loading.load
 save = native.save
 METHODS = methods.NAMES
 
 __all__ = ["GenerateResult", "LoopedModel", "bundled_models", "from_config", "generate", "load", "readouts", "save"]
-
-
-def load(
-    path: str, *, family: Optional[str] = None, dtype: str = "float32", mesh=None, sharding_rules=None
-) -> LoopedModel:
-  """Loads a bundled model by name, one of the project's own checkpoints, or an HF checkpoint directory.
-
-  HF directories hold config.json plus model.safetensors or a sharded model.safetensors.index.json; the
-  family is detected from config and tensor names unless forced with `family=`. With a `mesh` (axes
-  'data', 'model') the parameters are placed sharded by `sharding.RULES` (or `sharding_rules`).
-  """
-  if not os.path.isdir(path) and path in native.bundled_models():
-    path = native.bundled_path(path)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(
-        f"no checkpoint directory or bundled model named {path!r} " f"(bundled: {native.bundled_models()})"
-    )
-  if native.is_native(path):
-    model = native.load(path, dtype)
-    if family is not None and family != model.config.family:
-      raise ValueError(f"{path} holds a {model.config.family!r} model, not {family!r}")
-  else:
-    cfg, np_params = hf_checkpoint.read_hf(path, family=family, dtype=dtype)
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), np_params)
-    model = LoopedModel(cfg, params, native.load_tokenizer(path), source=path)
-  if mesh is not None:  # heads laid out for the mesh (sharding.padded_config): the config follows the parameters
-    model = sharding.shard_model(model, mesh, sharding_rules)
-  return model
 
 
 def readouts(model: LoopedModel, token_ids, depths=None, *, init_state=None) -> np.ndarray:
@@ -157,12 +132,13 @@ def generate(
   sampling.update({"stops": stops} if stops else {})
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
   run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
-  # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (planner.Auto) picks
-  # here, and with re-planning continues from a prefix through `run_at(prompts + prefix, tokens left)`
-  result = methods.build(method, **method_args).generate(
-      model, prompts, max_new_tokens, greedy, run=run_at(prompts, max_new_tokens), run_at=run_at
-  )
-  if stops:  # a no-op but for 'auto' with re-planning: its continuation cannot see a stop straddling the join
+  # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (methods.Auto) is
+  # planned here, and with re-planning continues from a prefix through `run_at(prompts + prefix, tokens left)`
+  spec, run = methods.build(method, **method_args), run_at(prompts, max_new_tokens)
+  if not isinstance(spec, methods.Auto):
+    return run(spec)
+  result = planner.generate(model, prompts, max_new_tokens, greedy, spec, run, run_at)
+  if stops:  # its continuation after a re-plan cannot see a stop straddling the join
     result.tokens = [stop_seqs.cut_tokens(t, stops) for t in result.tokens]
   return result
 

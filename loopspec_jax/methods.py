@@ -3,6 +3,8 @@
 A method is a frozen dataclass (`decoding.method.Method`) defined in its own module; adding one means
 writing that module and adding its class to `_CLASSES` below. Everything that names methods (`generate`,
 the experiments' configs, the server, the lm-eval backend, the cost report) goes through `parse` / `build`.
+"auto" (`decoding/auto.py`) is the planner's settings: `api.generate` and the serving engine hand it to the
+planner (`planner.py`, a layer above this one), which picks one of the other methods.
 
 Spec syntax: 'name' or 'name:key=value,key=value' ('none' is None; numbers are read as int or float;
 'gamma=auto' stays a string); the leading values may also be given positionally in the order the class
@@ -14,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Type, Union
 
+from loopspec_jax.decoding import stats
 from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.auto import Auto
 from loopspec_jax.decoding.autoregressive import AR
 from loopspec_jax.decoding.chain import Chain
 from loopspec_jax.decoding.draft import Draft
@@ -26,11 +30,12 @@ from loopspec_jax.decoding.tree.lookahead import Lookahead
 from loopspec_jax.decoding.tree.medusa import Medusa
 from loopspec_jax.decoding.tree.mtp import MTP
 from loopspec_jax.decoding.tree.self_spec import TreeSelf
-from loopspec_jax.planner import Auto
 
 _CLASSES = (AR, Chain, LoopSpec, Draft, Lookup, TreeSelf, Lookahead, Medusa, Eagle, MTP, DFlash, Auto)
 REGISTRY: Dict[str, Type[Method]] = {cls.name: cls for cls in _CLASSES}
 NAMES = tuple(REGISTRY)
+# each method's figures from its raw counts, handed down to `DecodeStats.summary` (which sits below the methods)
+stats.DERIVED.update({name: cls.derived for name, cls in REGISTRY.items()})
 
 __all__ = [
     "Method",

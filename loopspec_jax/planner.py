@@ -45,15 +45,20 @@ import dataclasses
 import functools
 import hashlib
 import time
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopspec_jax.analysis import accelerators
+from loopspec_jax.analysis import calibrate
+from loopspec_jax.analysis import cost
+from loopspec_jax.analysis import hardware
 from loopspec_jax.analysis import theory
 from loopspec_jax.analysis.hardware import Hardware
 from loopspec_jax.config import ModelConfig
+from loopspec_jax.decoding.auto import Auto, REPLAN  # method "auto": the settings this module plans with
 from loopspec_jax.decoding.autoregressive import AR
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.chain import Chain
@@ -62,7 +67,6 @@ from loopspec_jax.decoding.lookup import Lookup
 from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.models import looped as M
-from loopspec_jax.models.model import LoopedModel
 from loopspec_jax import user_cache
 from loopspec_jax.probe import sampling_of, measure, probe_run  # the measured probe (re-exported)
 
@@ -134,8 +138,6 @@ def phi(curve: Tuple[float, float], r: float) -> float:
 # Time per iteration
 # ---------------------------------------------------------------------------------------------------
 def _layer_bytes(cfg: ModelConfig) -> dict:
-  from loopspec_jax.analysis import cost  # cost imports the registry, which imports this module
-
   pb = cost.param_bytes(cfg)
   item = jnp.dtype(cfg.dtype).itemsize
   kv_pos = 2 * cfg.num_kv_heads * cfg.head_dim * item  # K and V of one position of one layer
@@ -230,9 +232,6 @@ _DEVICE_KINDS = (
 def hardware_for(cfg: ModelConfig, working_set: float) -> Hardware:
   """The device's `Hardware`: an accelerator's public figures (analysis/accelerators.py) when jax runs on one
   it knows, else this host measured at cfg's shapes (quick microbenchmarks, once per process and shape)."""
-  from loopspec_jax.analysis import calibrate, hardware
-  from loopspec_jax.analysis import accelerators
-
   kind = jax.devices()[0].device_kind.lower()
   for key, name in _DEVICE_KINDS:
     if key in kind:
@@ -243,8 +242,6 @@ def hardware_for(cfg: ModelConfig, working_set: float) -> Hardware:
 @functools.lru_cache(maxsize=None)
 def _hlo_cost(cfg: ModelConfig, method: Method, batch: int, greedy: bool):
   """The HLO cost (`hlo_cost.StepCost`) of one iteration of `method`'s compiled loop at cfg (abstract shapes)."""
-  from loopspec_jax.analysis import cost
-
   return cost.loop_cost(cost.compile_decode_loop(cfg, method, batch=batch, greedy=greedy))
 
 
@@ -271,8 +268,6 @@ def rank(cfg: ModelConfig, hw: Hardware, batch: int, context: int, curve, greedy
       families.add(fam)
       picked.append(c)
   ccfg = cfg.replace(max_len=context)
-  from loopspec_jax.analysis import cost
-
   ws = sum(cost.param_bytes(cfg).values()) + batch * cost.ar_token_bytes(ccfg, context)["kv"]
   retime = lambda c: dataclasses.replace(c, iteration_s=hw.step_seconds(_hlo_cost(ccfg, c.method, batch, greedy), ws))
   return sorted(map(retime, picked), key=lambda c: -c.tokens_per_s)
@@ -290,7 +285,7 @@ def clear_plans() -> None:
   PLANS.clear()
 
 
-def plan_key(model, prompts, max_new_tokens: int, sampling, auto: "Auto") -> tuple:
+def plan_key(model, prompts, max_new_tokens: int, sampling, auto: Auto) -> tuple:
   """What a plan depends on: the model (config and identity), batch, the prompt and context buckets of the
   call (its compiled shapes), the sampling settings, the device and the planner's own settings."""
   cfg = model.config
@@ -359,7 +354,7 @@ def _curve(model, prompts, greedy, auto):
 
 
 def make_plan(
-    model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None, curve=None
+    model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None, curve=None
 ) -> Tuple[Method, dict]:
   """The method `auto` resolves to for these requests and the plan (choice, reasons, top candidates with
   their predicted and, when `run` is given and auto.measure > 0, measured tokens and ms per iteration).
@@ -411,14 +406,14 @@ def make_plan(
   }
 
 
-def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: "Auto", run) -> tuple:
+def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: Auto, run) -> tuple:
   """`plan_key` of a `generate` call, its sampling settings (all but the seed) read off its `run`."""
   sampling = tuple(sorted(sampling_of(run).items())) or greedy
   sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
   return plan_key(model, prompts, max_new_tokens, sampling, auto)
 
 
-def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run=None) -> Tuple[Method, dict]:
+def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None) -> Tuple[Method, dict]:
   """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`."""
   key = _key(model, prompts, max_new_tokens, greedy, auto, run)
   if key in PLANS:
@@ -429,7 +424,7 @@ def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", 
   return method, dict(p, cached=False)
 
 
-def engine_plan(model, auto: "Auto", slots: int, total: int, greedy: bool) -> Tuple[Method, dict]:
+def engine_plan(model, auto: Auto, slots: int, total: int, greedy: bool) -> Tuple[Method, dict]:
   """The plan of a serving engine (`serving.Engine`, method 'auto'): `slots` requests decoding up to `total`
   positions; no requests exist yet, so the ranking is the prediction alone (Theorem 2's envelope, no probe,
   no measurement), cached like any plan."""
@@ -441,14 +436,7 @@ def engine_plan(model, auto: "Auto", slots: int, total: int, greedy: bool) -> Tu
 # ---------------------------------------------------------------------------------------------------
 # Re-planning: a second measured probe after the first `replan` tokens, on prompt + those tokens
 # ---------------------------------------------------------------------------------------------------
-# New tokens before the re-plan, by default. Long enough for repeats to form in the generated text (the
-# acceptance a probe on the prompt cannot see: bench_e512's greedy text lets prompt lookup verify 1.64 tokens
-# per iteration over 64 tokens, results/bench_auto/epyc2-2026-12-04-e512-idle), short enough that the first
-# pick's segment is a small part of a typical budget (64+); equal to the probe's default `measure`.
-REPLAN = 16
-
-
-def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Auto", run, run_at=None):
+def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run, run_at=None):
   """`generate(method=auto)`: decode with the first plan's pick; with re-planning on (`auto.replan` = N > 0,
   max_new_tokens > N, a measured probe) decode only the first N tokens with it, re-run the measured probe of
   the first plan's shortlist on each request's prompt + its N tokens (at the continuation's own shapes, the
@@ -463,6 +451,7 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
   N)); a cached call whose second pick is the first decodes in one run. stats["plan"]: the first plan, with
   `picks` ([first] or [first, second]) and `replan` (the second plan with `after_tokens`, or `skipped`: why
   not); with two segments, stats are their counts joined (`DecodeStats.then`) and each one's in `segments`."""
+  auto.validate(model.config)
   n = REPLAN if auto.replan is None else int(auto.replan)
   first, p1 = plan(model, prompts, max_new_tokens, greedy, auto, run)
   key = _key(model, prompts, max_new_tokens, greedy, auto, run) + ("replan", n)
@@ -506,49 +495,3 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: "Aut
   stats["plan"] = dict(p1, picks=[first.spec, second.spec], replan=p2)
   tokens = [h + (t if ok else []) for h, t, ok in zip(head.tokens, tail.tokens, live)]
   return common.GenerateResult(tokens, stats, counts)
-
-
-@dataclasses.dataclass(frozen=True)
-class Auto(Method):
-  """The planner's choice for the requests of each `generate` call (module docstring); `probe_tokens`: prompt
-  tokens of the depth-agreement probe (0: Theorem 2's envelope, no probe); `shortlist`: see `rank` (HLO
-  re-timing; compiles abstract loops, slow); `measure`: new tokens each shortlisted method decodes on the
-  requests before the pick (0: the prediction alone), `candidates` of them at most besides AR, best
-  predicted first (None: the whole `measured_shortlist`; each one compiles); `rounds`: the probe's
-  interleaved rounds; `replan`: new tokens decoded with the first pick before the probe re-runs on prompt +
-  those tokens and picks again for the rest (`generate`; 0: off, None: `REPLAN`); `draft_model`: a drafter
-  to consider ('draft')."""
-
-  name = "auto"
-  probe_tokens: Optional[int] = 32
-  shortlist: Optional[int] = 0
-  measure: Optional[int] = 16
-  rounds: Optional[int] = 5
-  replan: Optional[int] = REPLAN
-  candidates: Optional[int] = None
-  draft_model: Union[LoopedModel, str, None] = dataclasses.field(default=None, compare=False)
-
-  def __post_init__(self):
-    if isinstance(self.draft_model, str):
-      object.__setattr__(self, "draft_model", Draft(draft_model=self.draft_model).draft_model)
-
-  def validate(self, cfg: ModelConfig) -> None:
-    if self.rounds is not None and int(self.rounds) < 1:
-      raise ValueError(f"auto: rounds must be >= 1, got {self.rounds}")
-    for f in ("probe_tokens", "shortlist", "measure", "candidates"):
-      if getattr(self, f) is not None and int(getattr(self, f)) < 0:
-        raise ValueError(f"auto: {f} must be >= 0, got {getattr(self, f)}")
-    r = self.replan
-    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0):
-      raise ValueError(f"auto: replan must be an int >= 0 (new tokens before re-planning; 0: off), got {r!r}")
-
-  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool, run=None):
-    self.validate(model.config)
-    return plan(model, prompts, max_new_tokens, greedy, self, run)
-
-  def generate(self, model, prompts, max_new_tokens: int, greedy: bool, run, run_at=None):
-    self.validate(model.config)
-    return generate(model, prompts, max_new_tokens, greedy, self, run, run_at)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
-    raise ValueError("method='auto' is resolved per call (Auto.resolve) before a decoder is built")

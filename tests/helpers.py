@@ -4,7 +4,7 @@ The names below are stable; other test files import them:
 
   ROOT, FIXTURES               the repository root and tests/fixtures
   TINY_SPECS                   the tiny config of each family: "ouro:tiny", "huginn:tiny", "raven_llama:tiny",
-                               "raven_olmo:tiny" (specs of `loopspec_jax.configs.models.model_config`)
+                               "raven_olmo:tiny" (specs of `loopspec_configs.models.model_config`)
   PROMPTS, MAX_NEW             the shared 3-request batch (3, 7, 5 tokens; the (16, 32) length bucket) and budget
   EOS_PROMPTS                  the same shapes with a one-token first prompt
   eos_run(spec, contraction, method, **kw)   `method` on EOS_PROMPTS with an eos that stops the requests at
@@ -71,7 +71,7 @@ import loopspec_jax
 from loopspec_jax import api
 from loopspec_jax import methods
 from loopspec_jax.checkpoint import native
-from loopspec_jax.configs.models import model_config
+from loopspec_configs.models import model_config
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
 from loopspec_jax.models import looped

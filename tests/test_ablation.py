@@ -206,8 +206,8 @@ def test_bad_options_rejected_before_compiling(kwargs, match):
 
 def test_table3_rows_name_every_variant_once_per_pair():
   """The Table-3 entry point's rows and table from stub results (no decoding): each pair's variants, in order."""
-  from loopspec_jax.configs.paper import table3 as config
-  from loopspec_jax.experiments import bench, paper_table3
+  from loopspec_configs.paper import table3 as config
+  from loopspec_experiments import bench, paper_table3
 
   parsed = methods.parse_list(config.methods())
   labels = bench.row_labels(parsed)
@@ -226,8 +226,8 @@ def test_table3_rows_name_every_variant_once_per_pair():
 
 
 def test_release_presets_map_to_offline_tasks_or_say_why_not():
-  from loopspec_jax.configs.release import suite
-  from loopspec_jax.experiments import release_run
+  from loopspec_configs.release import suite
+  from loopspec_experiments import release_run
 
   for name in ("100", "101", "110", "111", "112", "113"):
     for job in suite.experiment(name).values():

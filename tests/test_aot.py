@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from loopspec_jax.analysis import aot
-from loopspec_jax.configs.models import model_config
+from loopspec_configs.models import model_config
 from loopspec_jax.methods import NAMES
 
 needs_tpu = pytest.mark.skipif(aot.tpu_unavailable() is not None, reason=f"TPU compiler: {aot.tpu_unavailable()}")

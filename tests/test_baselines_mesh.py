@@ -29,7 +29,7 @@ import pytest
 
 import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
-from loopspec_jax.configs.models import model_config
+from loopspec_configs.models import model_config
 from loopspec_jax.parallel import sharding
 
 pytestmark = pytest.mark.slow

@@ -15,14 +15,14 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import theory
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import demo
-from loopspec_jax.experiments import generate
-from loopspec_jax.experiments import reference_speed
-from loopspec_jax.experiments import row_cost
-from loopspec_jax.experiments import sweep
+from loopspec_configs import models as model_configs
+from loopspec_experiments import bench
+from loopspec_experiments import common
+from loopspec_experiments import demo
+from loopspec_experiments import generate
+from loopspec_experiments import reference_speed
+from loopspec_experiments import row_cost
+from loopspec_experiments import sweep
 
 
 class BenchTest(chex.TestCase):
@@ -292,7 +292,7 @@ def test_demo_compiles_every_fixed_method_of_both_phases_up_front(monkeypatch):
       threading.get_ident()
   )
   monkeypatch.setattr(loopspec_jax, "generate", record)
-  from loopspec_jax.configs import demo as demo_config
+  from loopspec_configs import demo as demo_config
 
   cfg = demo_config.get_config()
   phases = [(n, s, demo.demo_runs(cfg, 2, 8, s)) for n, s in demo.SETTINGS]

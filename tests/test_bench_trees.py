@@ -18,8 +18,8 @@ import ml_collections
 import pytest
 
 import helpers
-from loopspec_jax.experiments import bench_trees as bt
-from loopspec_jax.experiments import common
+from loopspec_experiments import bench_trees as bt
+from loopspec_experiments import common
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.heads import medusa as hm

@@ -1,12 +1,11 @@
 """The house rules of the source tree, checked on the files themselves (issue 24).
 
-- no function over 80 lines, no module over 600 lines, in the package (`loopspec_jax/`, `experiments/`,
-  `configs/`: the last two install as `loopspec_jax.experiments` / `loopspec_jax.configs`);
-- the library (everything but experiments and configs) never imports `loopspec_jax.experiments` or
-  `loopspec_jax.configs`;
+- no function over 80 lines, no module over 600 lines, in the library (`loopspec_jax/`), `experiments/` and
+  `configs/` (installed as the top-level packages `loopspec_experiments` / `loopspec_configs`);
+- the library never imports `loopspec_experiments` or `loopspec_configs` (nor `experiments` / `configs`);
 - results/ holds no .py or .sh file (scripts/ does);
-- no import cycle between the package's modules (module-level imports; an import inside a function runs
-  when it is called, after every module is loaded, and is the way to break one).
+- layers that only look down (issue 44): the import graph, counting the imports written inside functions
+  (`import_graph.py`), has no circle, and no module imports a layer above its own (`LAYERS`).
 """
 
 from __future__ import annotations
@@ -16,25 +15,27 @@ import pathlib
 
 import pytest
 
+import import_graph
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
-_TREES = {"loopspec_jax": "loopspec_jax", "experiments": "loopspec_jax.experiments", "configs": "loopspec_jax.configs"}
+_TREES = {"loopspec_jax": "loopspec_jax", "experiments": "loopspec_experiments", "configs": "loopspec_configs"}
+# The library's layers, lowest first: a module may import its own layer and those below, never one above.
+# Modules no layer names (config, analysis.theory / hardware / hlo, heads, probe, user_cache, ...) are held to
+# the no-circle rule alone.
+LAYERS = (
+    ("loopspec_jax.config", "loopspec_jax.models", "loopspec_jax.checkpoint", "loopspec_jax.parallel"),
+    ("loopspec_jax.decoding",),  # the verifiers, the tree machinery, each method's loop
+    ("loopspec_jax.methods",),  # the registry
+    ("loopspec_jax.analysis.cost", "loopspec_jax.analysis.calibrate"),  # the analysis that reads the registry
+    ("loopspec_jax.planner",),
+    ("loopspec_jax.api",),
+    ("loopspec_jax.serving", "loopspec_jax.integrations"),
+    ("loopspec_experiments", "loopspec_configs"),
+)
 
-
-def _modules() -> dict:
-  """{dotted module name: path} of every .py file of the package."""
-  out = {}
-  for folder, prefix in _TREES.items():
-    for path in sorted((ROOT / folder).rglob("*.py")):
-      parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-      if parts[-1] == "__init__":
-        parts = parts[:-1]
-      out[".".join([prefix] + parts)] = path
-  return out
-
-
-MODULES = _modules()
+MODULES = import_graph.modules(ROOT, _TREES)
 TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
 
 
@@ -43,26 +44,7 @@ def _rel(name: str) -> str:
 
 
 def _imports(name: str, top_level_only: bool) -> set:
-  """Package modules `name` imports (`from pkg import mod` counts as mod when mod is a module, else pkg)."""
-  tree, out = TREES[name], set()
-  is_pkg = MODULES[name].name == "__init__.py"
-  nodes = tree.body if top_level_only else list(ast.walk(tree))
-  for node in nodes:
-    if isinstance(node, ast.Import):
-      out.update(a.name for a in node.names if a.name in MODULES)
-    elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:  # relative import
-        pkg = name.split(".") if is_pkg else name.split(".")[:-1]
-        pkg = pkg[: len(pkg) - node.level + 1]
-        base = ".".join(pkg + ([node.module] if node.module else []))
-      for a in node.names:
-        full = f"{base}.{a.name}"
-        if full in MODULES:
-          out.add(full)
-        elif base in MODULES:
-          out.add(base)
-  return out - {name}
+  return import_graph.imports(name, MODULES[name], TREES[name], MODULES, top_level_only)
 
 
 def test_functions_are_short():
@@ -85,60 +67,75 @@ def test_modules_are_short():
   assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
+_NOT_LIBRARY = ("loopspec_experiments", "loopspec_configs", "experiments", "configs")
+
+
+def _imported_roots(tree) -> set:
+  """The top-level names of every module an AST imports (absolute imports, anywhere in it)."""
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out.update(a.name.split(".")[0] for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      out.add(node.module.split(".")[0])
+  return out
+
+
 def test_library_does_not_import_experiments_or_configs():
-  """The library (imported from the repository root too, where the source folder has neither subpackage:
-  `method="auto"` failed there when the planner read configs/accelerators.py) imports neither."""
+  """`import loopspec_jax` is the whole library from the repository root too (its source folder), from any
+  directory and installed or not: it needs nothing of experiments/ or configs/ (`method="auto"` once failed
+  from the root when the planner read configs/accelerators.py, then mapped into the package)."""
   bad = [
-      f"{_rel(name)} imports {m}"
+      f"{_rel(name)} imports {root}"
       for name in MODULES
-      if not name.startswith(("loopspec_jax.experiments", "loopspec_jax.configs"))
-      for m in _imports(name, top_level_only=False)
-      if m.startswith(("loopspec_jax.experiments", "loopspec_jax.configs"))
+      if name.startswith("loopspec_jax")
+      for root in sorted(_imported_roots(TREES[name]) & set(_NOT_LIBRARY))
   ]
   assert not bad, bad
 
 
-def _cycles(graph: dict) -> list:
-  """Strongly connected components of more than one module (Tarjan)."""
-  index, low, stack, on, out = {}, {}, [], set(), []
-
-  def visit(v):
-    index[v] = low[v] = len(index)
-    stack.append(v)
-    on.add(v)
-    for w in graph[v]:
-      if w not in index:
-        visit(w)
-        low[v] = min(low[v], low[w])
-      elif w in on:
-        low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-      comp = []
-      while True:
-        w = stack.pop()
-        on.discard(w)
-        comp.append(w)
-        if w == v:
-          break
-      if len(comp) > 1:
-        out.append(sorted(comp))
-
-  for v in graph:
-    if v not in index:
-      visit(v)
-  return out
+def _graph() -> dict:
+  """The package's import graph, function-level imports included."""
+  return {name: _imports(name, top_level_only=False) for name in MODULES}
 
 
-def test_no_import_cycle():
-  graph = {name: _imports(name, top_level_only=True) for name in MODULES}
-  assert not _cycles(graph), _cycles(graph)
+def test_no_import_circle():
+  """Counting the imports inside functions: none may close a circle (issue 44 broke a 26-module one)."""
+  circles = import_graph.cycles(_graph())
+  assert not circles, circles
+
+
+def test_layers_only_look_down():
+  up = import_graph.upward_imports(_graph(), LAYERS)
+  assert not up, f"imports of a higher layer (tests/test_code_rules.py LAYERS): {up}"
 
 
 @pytest.mark.parametrize(
     "graph, cycles", [({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]), ({"a": {"b"}, "b": set()}, [])]
 )
 def test_cycle_finder(graph, cycles):
-  assert _cycles(graph) == cycles
+  assert import_graph.cycles(graph) == cycles
+
+
+_HIGH = "from pkg import low\n\ndef g():\n  return low.f()\n"
+_PLANTED = "\n\ndef planted():\n  from pkg import high  # an upward import, inside a function\n\n  return high\n"
+
+
+def test_the_checks_catch_a_planted_function_level_upward_import(tmp_path):
+  """A two-layer package whose low module imports the high one only inside a function: the import graph sees
+  the edge (module-level imports alone would not), so both the circle and the layer checks fail on it."""
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "high.py").write_text(_HIGH)
+  (tmp_path / "pkg" / "low.py").write_text("def f():\n  return 1\n")
+  layers = (("pkg.low",), ("pkg.high",))
+  clean = import_graph.import_graph(tmp_path, {"pkg": "pkg"})
+  assert not import_graph.cycles(clean) and not import_graph.upward_imports(clean, layers)
+  (tmp_path / "pkg" / "low.py").write_text("def f():\n  return 1\n" + _PLANTED)
+  planted = import_graph.import_graph(tmp_path, {"pkg": "pkg"})
+  assert import_graph.cycles(planted) == [["pkg.high", "pkg.low"]]
+  assert import_graph.upward_imports(planted, layers) == ["pkg.low -> pkg.high"]
+  assert not import_graph.cycles(import_graph.import_graph(tmp_path, {"pkg": "pkg"}, top_level_only=True))
 
 
 def test_results_hold_data_not_code():

@@ -8,8 +8,8 @@ import pytest
 
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hlo
-from loopspec_jax.configs import accelerators
-from loopspec_jax.configs.models import model_config
+from loopspec_configs import accelerators
+from loopspec_configs.models import model_config
 
 
 def _hlo(f, *args) -> str:

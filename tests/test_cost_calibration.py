@@ -10,9 +10,9 @@ import loopspec_jax as lj
 from loopspec_jax.analysis import calibrate
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import hardware
-from loopspec_jax.configs import accelerators
-from loopspec_jax.configs.cost import calibrate as calibrate_config
-from loopspec_jax.experiments import cost_calibration
+from loopspec_configs import accelerators
+from loopspec_configs.cost import calibrate as calibrate_config
+from loopspec_experiments import cost_calibration
 
 FIELDS = ("model", "method", "sampling", "context", "predicted_ms", "measured_ms", "predicted_ratio", "measured_ratio")
 

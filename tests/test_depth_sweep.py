@@ -21,15 +21,15 @@ from loopspec_jax import api
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.configs.sweeps import bundled as bundled_config
-from loopspec_jax.configs.sweeps import default as sweep_config
-from loopspec_jax.configs.sweeps import depths as depths_config
+from loopspec_configs import models as model_configs
+from loopspec_configs.sweeps import bundled as bundled_config
+from loopspec_configs.sweeps import default as sweep_config
+from loopspec_configs.sweeps import depths as depths_config
 from loopspec_jax.decoding.stats import DecodeStats
-from loopspec_jax.experiments import measure_depths
-from loopspec_jax.experiments import sweep
-from loopspec_jax.experiments import sweep_grid
-from loopspec_jax.experiments import sweep_stats
+from loopspec_experiments import measure_depths
+from loopspec_experiments import sweep
+from loopspec_experiments import sweep_grid
+from loopspec_experiments import sweep_stats
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the notebook is notebooks/ of the checkout
 

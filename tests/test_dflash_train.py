@@ -14,11 +14,11 @@ import pytest
 
 import helpers
 import loopspec_jax as lj
-from loopspec_jax.configs.train import tiny_ouro_dflash
-from loopspec_jax.configs.train import tiny_raven_dflash
+from loopspec_configs.train import tiny_ouro_dflash
+from loopspec_configs.train import tiny_raven_dflash
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import dflash as dflash_decoder
-from loopspec_jax.experiments import train as train_cli
+from loopspec_experiments import train as train_cli
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import dflash_train
 from loopspec_jax.heads import head_train

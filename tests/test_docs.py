@@ -1,7 +1,7 @@
 """The docs cannot drift: results tables in docs/ equal their files, links resolve, figures cite results/.
 
 - every `<!-- results: PATH -->` block in README.md and docs/*.md holds PATH's content byte for byte
-  (`python -P -m loopspec_jax.experiments.docs_tables --write` rewrites them);
+  (`python -m loopspec_experiments.docs_tables --write` rewrites them);
 - README.md has at most 250 lines;
 - every relative link in README.md and docs/*.md points to a file or folder that exists;
 - outside results blocks and code blocks, every paragraph of README.md and docs/*.md that states a measured
@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from loopspec_jax.experiments import docs_tables
+from loopspec_experiments import docs_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = docs_tables.doc_files(ROOT)
@@ -56,7 +56,7 @@ def test_results_blocks_equal_their_files(doc):
     want = _read(os.path.join(ROOT, path))
     assert text[start:end] == (want if want.endswith("\n") else want + "\n"), (
         f"{_rel(doc)}: the block of {path} differs from the file; run "
-        "python -P -m loopspec_jax.experiments.docs_tables --write"
+        "python -m loopspec_experiments.docs_tables --write"
     )
 
 

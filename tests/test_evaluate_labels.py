@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from loopspec_jax.configs.eval import default
-from loopspec_jax.experiments import evaluate
+from loopspec_configs.eval import default
+from loopspec_experiments import evaluate
 
 
 class FakeLM:

@@ -198,9 +198,9 @@ class TraceCountTest(chex.TestCase):
 class ScriptTest(chex.TestCase):
 
   def test_generate_script_main(self):
-    from loopspec_jax.configs import generate as gen_config
-    from loopspec_jax.experiments import common as exp_common
-    from loopspec_jax.experiments import generate as script
+    from loopspec_configs import generate as gen_config
+    from loopspec_experiments import common as exp_common
+    from loopspec_experiments import generate as script
 
     _, oracle = fixture("huginn_tiny")
     ids = ",".join(str(t) for t in oracle["input_ids"])
@@ -226,8 +226,8 @@ class ScriptTest(chex.TestCase):
   def test_generate_from_config_with_a_tokenizer(self):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from loopspec_jax.configs import generate as gen_config
-    from loopspec_jax.experiments import generate as script
+    from loopspec_configs import generate as gen_config
+    from loopspec_experiments import generate as script
 
     model, oracle = fixture("huginn_tiny")
     vocab = {f"w{i}": i for i in range(model.config.vocab_size)}

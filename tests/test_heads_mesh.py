@@ -20,7 +20,7 @@ import head_helpers as H
 import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
 from loopspec_jax import methods
-from loopspec_jax.configs.models import model_config
+from loopspec_configs.models import model_config
 from loopspec_jax.decoding import common
 from loopspec_jax.models import looped
 from loopspec_jax.parallel import rules

@@ -8,8 +8,8 @@ import head_helpers as H
 import helpers
 import loopspec_jax as lj
 from loopspec_jax import methods
-from loopspec_jax.configs import serve as serve_configs
-from loopspec_jax.experiments import serve
+from loopspec_configs import serve as serve_configs
+from loopspec_experiments import serve
 from loopspec_jax.heads import artefact
 from loopspec_jax.serving import engine as E
 import test_serving_engine as base  # its 12 staggered requests and solo decode

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import helpers
-from loopspec_jax.configs.train import smoke
-from loopspec_jax.configs.train import tiny_raven_eagle
-from loopspec_jax.configs.train import tiny_raven_medusa
-from loopspec_jax.configs.train import tiny_raven_mtp
-from loopspec_jax.experiments import train as train_cli
+from loopspec_configs.train import smoke
+from loopspec_configs.train import tiny_raven_eagle
+from loopspec_configs.train import tiny_raven_medusa
+from loopspec_configs.train import tiny_raven_mtp
+from loopspec_experiments import train as train_cli
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import eagle_train
 from loopspec_jax.heads import medusa_train

@@ -13,13 +13,13 @@ import head_helpers as H
 import helpers
 import loopspec_jax as lj
 from loopspec_jax import methods
-from loopspec_jax.configs.sweeps import bundled as sweep_configs
+from loopspec_configs.sweeps import bundled as sweep_configs
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.decoding.tree import head_method
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import sweep_grid
-from loopspec_jax.experiments import sweep_report
-from loopspec_jax.experiments import sweep_stats
+from loopspec_experiments import bench
+from loopspec_experiments import sweep_grid
+from loopspec_experiments import sweep_report
+from loopspec_experiments import sweep_stats
 from loopspec_jax.heads import artefact
 from loopspec_jax.serving import engine as E
 
@@ -147,9 +147,9 @@ def test_head_methods_are_frozen_values():
 def test_cost_report_heads_preset_and_draft_rows():
   """The `:heads` preset runs the draft programs alone; at a tiny size every row has flops and bytes, a d1=2
   readout reads more than d1=1's, EAGLE's level reads its own KV cache, Medusa's and MTP's none."""
-  from loopspec_jax.configs.cost import default as cost_configs
-  from loopspec_jax.configs.models import model_config
-  from loopspec_jax.experiments import cost_heads
+  from loopspec_configs.cost import default as cost_configs
+  from loopspec_configs.models import model_config
+  from loopspec_experiments import cost_heads
 
   c = cost_configs.get_config("heads")
   assert c.draft_costs and c.models == "huginn_0125_heads" and tuple(c.contexts) == (2048,)

@@ -31,10 +31,10 @@ def _run(script, *args, **env):
 def test_local_dry_run():
   out = _run("local.sh", "--dry-run", "experiments.plan_memory", "--config.meshes=2x4")
   assert out.returncode == 0, out.stderr
-  assert "-m loopspec_jax.experiments.plan_memory --config.meshes=2x4" in out.stdout  # the shorthand expanded
-  for module in ("demo", "loopspec_jax.experiments.demo"):
+  assert "-m loopspec_experiments.plan_memory --config.meshes=2x4" in out.stdout  # the shorthand expanded
+  for module in ("demo", "loopspec_experiments.demo"):
     out = _run("local.sh", "--dry-run", module)
-    assert out.returncode == 0 and "-m loopspec_jax.experiments.demo" in out.stdout, out.stdout
+    assert out.returncode == 0 and "-m loopspec_experiments.demo" in out.stdout, out.stdout
 
 
 def test_local_multiprocess_dry_run_prints_one_command_per_process():
@@ -64,7 +64,7 @@ def test_local_multiprocess_dry_run_prints_one_command_per_process():
         "LOOPSPEC_HEARTBEAT_TIMEOUT=",  # bounded timeouts, exported to every process
         "LOOPSPEC_INIT_TIMEOUT=",
         "LOOPSPEC_SHUTDOWN_TIMEOUT=",
-        "-m loopspec_jax.experiments.multihost_check --config.x=1",
+        "-m loopspec_experiments.multihost_check --config.x=1",
     ):
       assert part in c, (part, c)
   # the environment's timeouts and XLA flags are kept; one process with simulated devices is one command
@@ -116,7 +116,7 @@ def test_tpu_vm_dry_run_creates_copies_installs_runs_fetches_and_deletes():
   ssh = [c for c in cmds if c.startswith(f"{g} ssh ls-test")]
   assert len(ssh) == 2 and all("--worker=all" in c for c in ssh)
   assert "pip" in ssh[0] and "install" in ssh[0]
-  assert "python3\\ -P\\ -m\\ loopspec_jax.experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
+  assert "python3\\ -P\\ -m\\ loopspec_experiments.batch_bench\\ --config.max_new_tokens=16" in ssh[1]
   assert "--recurse" in scp[-1] and "--worker=0" in scp[-1]
   assert cmds[-1] == f"{g} delete ls-test --zone=us-west4-a --quiet"
 
@@ -145,7 +145,7 @@ def test_tpu_vm_env_experiment_and_bad_accelerator():
   )
   assert out.returncode == 0, out.stderr
   assert "--project=my-proj" in out.stdout
-  assert "loopspec_jax.experiments.plan_memory\\ --config.meshes=1x8\\ --config.batches=1" in out.stdout
+  assert "loopspec_experiments.plan_memory\\ --config.meshes=1x8\\ --config.batches=1" in out.stdout
   bad = _run("tpu_vm.sh", "--dry-run", "experiments.plan_memory", ACCELERATOR="v3-8")
   assert bad.returncode == 2 and "unsupported ACCELERATOR" in bad.stderr
   usage = _run("tpu_vm.sh", "--dry-run", EXPERIMENT="")
@@ -155,9 +155,9 @@ def test_tpu_vm_env_experiment_and_bad_accelerator():
 def test_bench_gpu_dry_run_uses_the_package_module():
   out = _run("bench_gpu.sh", "--dry-run")
   assert out.returncode == 0, out.stderr
-  assert "-m loopspec_jax.experiments.bench --config=bench/bundled.py:targets" in out.stdout
+  assert "-m loopspec_experiments.bench --config=bench/bundled.py:targets" in out.stdout
   assert "--config=bench/default.py:huginn_0125" in out.stdout
-  assert "-m loopspec_jax.experiments.cost_report --config=cost/calibrate.py" in out.stdout  # the device's check
+  assert "-m loopspec_experiments.cost_report --config=cost/calibrate.py" in out.stdout  # the device's check
 
 
 @pytest.mark.slow  # ~40 s: four processes, each compiling; --dry-run is checked by the default suite

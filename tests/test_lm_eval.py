@@ -30,10 +30,10 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 import helpers  # noqa: E402
 import loopspec_jax  # noqa: E402
 from loopspec_jax import tasks as offline_tasks  # noqa: E402
-from loopspec_jax.configs.eval import default as eval_config  # noqa: E402
+from loopspec_configs.eval import default as eval_config  # noqa: E402
 from loopspec_jax.decoding import stops as stop_seqs  # noqa: E402
-from loopspec_jax.experiments import common  # noqa: E402
-from loopspec_jax.experiments import evaluate  # noqa: E402
+from loopspec_experiments import common  # noqa: E402
+from loopspec_experiments import evaluate  # noqa: E402
 from loopspec_jax.integrations import lm_eval as backend  # noqa: E402
 
 MAX_NEW = 16

@@ -21,8 +21,8 @@ import time
 import jax
 import pytest
 
-from loopspec_jax.configs import multihost as multihost_config
-from loopspec_jax.experiments import multihost_check
+from loopspec_configs import multihost as multihost_config
+from loopspec_experiments import multihost_check
 from loopspec_jax.parallel import distributed
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,8 +1,10 @@
-"""Packaging: the wheel holds the package with its experiments, configs, data and models, and no top-level
-`experiments` / `configs` package; every console script answers --help from outside the checkout.
+"""Packaging: the wheel holds the library with its data and models, and experiments/ and configs/ as the
+top-level packages `loopspec_experiments` / `loopspec_configs` (no `experiments`, `configs` or `tests`);
+`import loopspec_jax` is the same complete library from the repository root and from any other directory; every
+console script answers --help from outside the checkout.
 
-The repository keeps experiments/ and configs/ at its top; setup.cfg maps them into loopspec_jax with an
-explicit package list (checked here against the tree, so a new subpackage cannot be left out)."""
+The repository keeps experiments/ and configs/ at its top; setup.cfg installs them under their own prefixed
+names with an explicit package list (checked here against the tree, so a new subpackage cannot be left out)."""
 
 import configparser
 import os
@@ -43,8 +45,8 @@ def test_package_list_is_the_whole_tree():
   found = set()
   for top, package in (
       ("loopspec_jax", "loopspec_jax"),
-      ("experiments", "loopspec_jax.experiments"),
-      ("configs", "loopspec_jax.configs"),
+      ("experiments", "loopspec_experiments"),
+      ("configs", "loopspec_configs"),
   ):
     for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
       dirnames[:] = [d for d in dirnames if d != "__pycache__"]
@@ -78,10 +80,10 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 def test_wheel_contents(wheel):
   names = set(wheel.namelist())
   for expected in (
-      "loopspec_jax/experiments/demo.py",
-      "loopspec_jax/experiments/common.py",
-      "loopspec_jax/configs/bench/bundled.py",
-      "loopspec_jax/configs/train/tiny_raven.py",
+      "loopspec_experiments/demo.py",
+      "loopspec_experiments/common.py",
+      "loopspec_configs/bench/bundled.py",
+      "loopspec_configs/train/tiny_raven.py",
       "loopspec_jax/data/gsm8k/test.jsonl",
       "loopspec_jax/data/tinyshakespeare/heldout.jsonl",
       "loopspec_jax/tasks/loopspec_gsm8k_cot.yaml",
@@ -90,8 +92,35 @@ def test_wheel_contents(wheel):
       "loopspec_jax/assets/heads/tiny-raven-medusa/params/manifest.ocdbt",
   ):
     assert expected in names, expected
-  tops = {n.split("/")[0] for n in names}
-  assert "experiments" not in tops and "configs" not in tops and "tests" not in tops, sorted(tops)
+  tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+  assert tops == {"loopspec_jax", "loopspec_experiments", "loopspec_configs"}, sorted(tops)
+  assert not any(n.startswith(("loopspec_jax/experiments/", "loopspec_jax/configs/")) for n in names)
+
+
+# The library's every layer, and the experiments and configs beside it: what `import loopspec_jax` must give
+_IMPORTS = (
+    "import loopspec_jax as lj, loopspec_jax.api, loopspec_jax.planner, loopspec_jax.serving.engine; "
+    "import loopspec_experiments.common, loopspec_configs.models; "
+    "assert lj.methods.parse('auto') == lj.Auto() and not hasattr(lj, 'experiments'); "
+    "print(lj.__file__)"
+)
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+def test_import_gives_the_whole_library_from_the_root_and_elsewhere(where, tmp_path):
+  """Plain `python` (no -P) puts the working directory first on sys.path: from the repository root that is
+  the source folder loopspec_jax/, which must be the whole library (nothing is mapped into it)."""
+  cwd = ROOT if where == "root" else tmp_path
+  out = subprocess.run(
+      [sys.executable, "-c", _IMPORTS],
+      cwd=cwd,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True,
+      text=True,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  if where == "root":
+    assert os.path.realpath(out.stdout.strip()) == os.path.realpath(os.path.join(ROOT, "loopspec_jax", "__init__.py"))
 
 
 def _console_scripts() -> list:

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from loopspec_jax.experiments import plan_memory
+from loopspec_experiments import plan_memory
 from loopspec_jax.parallel import sharding
 
 GIB = 1024**3
@@ -98,7 +98,7 @@ def test_cli_prints_a_table(tmp_path):
       [
           sys.executable,
           "-m",
-          "loopspec_jax.experiments.plan_memory",
+          "loopspec_experiments.plan_memory",
           "--config.models=ouro:tiny",
           "--config.dtype=float32",
           "--config.context=64",

@@ -137,7 +137,7 @@ def test_lm_eval_backend_takes_auto(quick_planner):
 
 
 def test_demo_prints_the_auto_row():
-  from loopspec_jax.experiments import demo
+  from loopspec_experiments import demo
 
   ar = {"tokens_per_second": 100.0, "decode_seconds": 1.0}
   auto = {"tokens_per_second": 150.0, "decode_seconds": 0.5, "plans": [{"choice": "chain:d1=2,gamma=8"}] * 2}

@@ -13,8 +13,8 @@ import requests
 
 import loopspec_jax as lj
 import server_helpers as helpers
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import serve
+from loopspec_experiments import common
+from loopspec_experiments import serve
 from loopspec_jax.serving import chat
 
 BUNDLED = ("tiny-raven", "tiny-ouro", "tiny-raven-draft", "tiny-raven-mtp")
@@ -52,7 +52,7 @@ def test_default_config_answers_chat_with_200():
 @pytest.mark.slow  # starts `loopspec-serve` as its own process (compiles the default engine: minutes on 2 cores)
 def test_default_command_answers_chat_with_200():
   port = helpers.free_port()
-  cmd = [sys.executable, "-m", "loopspec_jax.experiments.serve", f"--config.port={port}", "--config.access_log=false"]
+  cmd = [sys.executable, "-m", "loopspec_experiments.serve", f"--config.port={port}", "--config.access_log=false"]
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   base = f"http://127.0.0.1:{port}"
   try:

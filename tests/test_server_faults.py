@@ -22,7 +22,7 @@ import openai
 import requests
 
 import server_helpers as helpers
-from loopspec_jax.experiments import serve
+from loopspec_experiments import serve
 from loopspec_jax.serving import Engine, EngineConfig
 from loopspec_jax.serving import server as server_lib
 

@@ -8,9 +8,9 @@ import pytest
 import helpers
 import loopspec_jax as lj
 from loopspec_jax import methods
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import evaluate
-from loopspec_jax.experiments import serve
+from loopspec_experiments import common
+from loopspec_experiments import evaluate
+from loopspec_experiments import serve
 from loopspec_jax.serving import Engine, EngineConfig, Request
 
 

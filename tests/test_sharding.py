@@ -19,12 +19,12 @@ import pytest
 import helpers  # tests/ is also the worker script's directory
 from loopspec_jax import api
 from loopspec_jax.decoding.stats import DecodeStats
-from loopspec_jax.configs.mesh import cpu8, v4_8, v5e_8, v5e_16
-from loopspec_jax.configs.models import model_config
+from loopspec_configs.mesh import cpu8, v4_8, v5e_8, v5e_16
+from loopspec_configs.models import model_config
 from loopspec_jax.decoding import autoregressive, chain, common
 from loopspec_jax.decoding.loopspec import decoder as loopspec_decoder
 from loopspec_jax.decoding.loopspec import state as loopspec
-from loopspec_jax.experiments import plan_memory
+from loopspec_experiments import plan_memory
 from loopspec_jax.models import looped
 from loopspec_jax.parallel import heads as heads_lib
 from loopspec_jax.parallel import rules

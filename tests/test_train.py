@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import loopspec_jax
-from loopspec_jax.configs import models as model_configs
-from loopspec_jax.configs.train import smoke
+from loopspec_configs import models as model_configs
+from loopspec_configs.train import smoke
 from loopspec_jax.models import looped as M
 from loopspec_jax.train import data as D
 from loopspec_jax.train import trainer as T

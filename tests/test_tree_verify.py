@@ -98,7 +98,7 @@ def test_accepted_path_and_emitted_tokens():
 def test_path_write_moves_exactly_the_accepted_rows():
   """Entries tagged with (slot, node) go to positions p0 + depth for the accepted path only; every other row
   of every buffer keeps its old value."""
-  from loopspec_jax.configs.models import model_config
+  from loopspec_configs.models import model_config
 
   cfg = model_config("huginn:tiny")
   layout = kvcache.CacheLayout.of(cfg, 2)

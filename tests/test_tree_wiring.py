@@ -15,20 +15,20 @@ import helpers
 from helpers import MAX_NEW, tiny_model
 from loopspec_jax import methods
 from loopspec_jax.analysis import cost
-from loopspec_jax.configs.bench import bundled as bench_configs
-from loopspec_jax.configs.cost import default as cost_configs
-from loopspec_jax.configs.models import model_config
-from loopspec_jax.configs.sweeps import bundled as sweep_configs
+from loopspec_configs.bench import bundled as bench_configs
+from loopspec_configs.cost import default as cost_configs
+from loopspec_configs.models import model_config
+from loopspec_configs.sweeps import bundled as sweep_configs
 from loopspec_jax.decoding import chain
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import lookahead as la
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.decoding.tree import self_spec
-from loopspec_jax.experiments import bench
-from loopspec_jax.experiments import cost_report
-from loopspec_jax.experiments import sweep_grid
-from loopspec_jax.experiments import sweep_report
-from loopspec_jax.experiments import sweep_stats
+from loopspec_experiments import bench
+from loopspec_experiments import cost_report
+from loopspec_experiments import sweep_grid
+from loopspec_experiments import sweep_report
+from loopspec_experiments import sweep_stats
 
 NAME, CONTRACTION = "huginn:tiny", 0.05
 ENV = dict(d1=1, gamma=3, branch=2, tree_nodes=6)

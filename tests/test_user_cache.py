@@ -12,9 +12,9 @@ from loopspec_jax import methods
 from loopspec_jax import planner
 from loopspec_jax import user_cache
 from loopspec_jax.decoding import compile_clock
-from loopspec_jax.experiments import common
-from loopspec_jax.experiments import demo
-from loopspec_jax.experiments import generate
+from loopspec_experiments import common
+from loopspec_experiments import demo
+from loopspec_experiments import generate
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Settings of `experiments/bench_auto.py`: method="auto" beside every fixed candidate, wall clock, one run.
 
-python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py          # the issue-28 table
-python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py:epyc2    # reduced: 1 prompt, 32 tokens
-python -m loopspec_jax.experiments.bench_auto --config=bench/auto.py:quick    # one model, greedy, 16 tokens
+python -m loopspec_experiments.bench_auto --config=bench/auto.py          # the issue-28 table
+python -m loopspec_experiments.bench_auto --config=bench/auto.py:epyc2    # reduced: 1 prompt, 32 tokens
+python -m loopspec_experiments.bench_auto --config=bench/auto.py:quick    # one model, greedy, 16 tokens
 """
 
 import ml_collections

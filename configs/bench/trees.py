@@ -1,10 +1,10 @@
 """The token-tree benchmark table (issue 26): every speculative method side by side on the bundled tiny-raven.
 
-python -P -m loopspec_jax.experiments.bench_trees                                # this config
-python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:quick  # CI-sized
-python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:heads  # issue 27's heads table
-python -P -m loopspec_jax.experiments.bench_trees --config=bench/trees.py:sampled  # sampled-draft trees
-python -P -m loopspec_jax.experiments.bench_trees --config.only='ar;tree:2,6,4,32;medusa:...'
+python -m loopspec_experiments.bench_trees                                # this config
+python -m loopspec_experiments.bench_trees --config=bench/trees.py:quick  # CI-sized
+python -m loopspec_experiments.bench_trees --config=bench/trees.py:heads  # issue 27's heads table
+python -m loopspec_experiments.bench_trees --config=bench/trees.py:sampled  # sampled-draft trees
+python -m loopspec_experiments.bench_trees --config.only='ar;tree:2,6,4,32;medusa:...'
 
 `methods` are spec strings (`loopspec_jax.methods.parse`): a row for a new method (medusa, eagle, draft
 trees) is one more string here. The first must be 'ar' (the reference of tokens and wall-clock ratios).

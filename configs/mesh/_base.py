@@ -40,4 +40,4 @@ def resolve(spec: str) -> ml_collections.ConfigDict:
   """'v5e_8' or 'v5e_8:1x8' (a module of this folder, optionally with a DATAxMODEL shape) -> its ConfigDict."""
   name, _, arg = spec.partition(":")
   name = name.replace("/", ".").removesuffix(".py").split(".")[-1]
-  return importlib.import_module(f"loopspec_jax.configs.mesh.{name}").get_config(arg or None)
+  return importlib.import_module(f"loopspec_configs.mesh.{name}").get_config(arg or None)

@@ -1,6 +1,6 @@
 """8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), as the sharding tests use."""
 
-from loopspec_jax.configs.mesh._base import mesh_config
+from loopspec_configs.mesh._base import mesh_config
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@
 replicated too: the `4x1` variant (`v4_8:4x1`) maximises request throughput.
 """
 
-from loopspec_jax.configs.mesh._base import mesh_config
+from loopspec_configs.mesh._base import mesh_config
 
 
 def get_config(arg=None):

@@ -5,7 +5,7 @@ Needs `loopspec_jax.parallel.distributed.initialize_from_env()` (one process per
 (4, 4): one request group per host-sized slice of 4 chips, model-parallel over 4.
 """
 
-from loopspec_jax.configs.mesh._base import mesh_config
+from loopspec_configs.mesh._base import mesh_config
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ requests of 4096 tokens in bf16 take 12.6 GiB per chip, 10 fit; `1x8` holds 11; 
 experiments/plan_memory.py and `heads.padded_config`).
 """
 
-from loopspec_jax.configs.mesh._base import mesh_config
+from loopspec_configs.mesh._base import mesh_config
 
 
 def get_config(arg=None):

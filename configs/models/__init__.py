@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from loopspec_jax.config import ModelConfig, from_config_dict
-from loopspec_jax.configs.models import huginn, ouro, raven_llama, raven_olmo
+from loopspec_configs.models import huginn, ouro, raven_llama, raven_olmo
 
 MODULES = {"ouro": ouro, "huginn": huginn, "raven_llama": raven_llama, "raven_olmo": raven_olmo}
 SPECS = tuple(f"{name}:{variant}" for name, mod in MODULES.items() for variant in mod.VARIANTS)

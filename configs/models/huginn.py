@@ -11,7 +11,7 @@ Variants (`get_config(variant)`):
 
 import math
 
-from loopspec_jax.configs.models import _common
+from loopspec_configs.models import _common
 
 HUGINN_0125 = dict(
     family="huginn",

@@ -6,7 +6,7 @@ Variants (`get_config(variant)`):
   2p6b   Ouro-2.6B: as Ouro-1.4B but 48 shared layers
 """
 
-from loopspec_jax.configs.models import _common
+from loopspec_configs.models import _common
 
 _REAL = dict(
     family="ouro",

@@ -8,7 +8,7 @@ The layer split of a retrofitted checkpoint comes from its config.json (as do em
 its init_values); the splits here are the layouts used for planning.
 """
 
-from loopspec_jax.configs.models import _common
+from loopspec_configs.models import _common
 
 _RETROFIT = dict(
     family="raven-llama",

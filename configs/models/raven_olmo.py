@@ -6,7 +6,7 @@ Variants (`get_config(variant)`):
          its config.json; this is the layout used for planning)
 """
 
-from loopspec_jax.configs.models import _common
+from loopspec_configs.models import _common
 
 VARIANTS = {
     "tiny": dict(

@@ -1,7 +1,7 @@
 """The paper's Table 3 (ablation of the second proposal) on the bundled tiny-raven, as the release runs it.
 
-  python -P -m loopspec_jax.experiments.paper_table3                      # configs/paper/table3.py
-  python -P -m loopspec_jax.experiments.paper_table3 --config=paper/table3.py:quick
+  python -m loopspec_experiments.paper_table3                      # configs/paper/table3.py
+  python -m loopspec_experiments.paper_table3 --config=paper/table3.py:quick
 
 Rows per depth pair (d1, d2): no second proposal (d1 alone), the masked second proposal without a gate, the
 residual without a gate, the residual with the gate (the paper's LoopSpec). Sampled at T = 1, top-p 0.7 (the

@@ -1,7 +1,7 @@
 """The LoopSpec release's benchmark suite (kaist-flexml-lab/loopspec, experiments/*.yaml) restated as presets.
 
-  python -P -m loopspec_jax.experiments.release_run --config=release/suite.py:110          # bundled models
-  python -P -m loopspec_jax.experiments.release_run --config=release/suite.py:110 \\
+  python -m loopspec_experiments.release_run --config=release/suite.py:110          # bundled models
+  python -m loopspec_experiments.release_run --config=release/suite.py:110 \\
       --config.bundled=false --config.limit=none                                           # the real checkpoints
 
 Presets 110 (speed, math), 111 (speed, math, thinking models with chat), 112 (speed, coding), 113 (speed,

@@ -23,7 +23,7 @@ checks the engine's counts against it), so the replay costs one full-sequence fo
 per configuration; the engine rows are checked against it (`replay_matches`).
 """
 
-from loopspec_jax.configs.sweeps import default
+from loopspec_configs.sweeps import default
 
 TASKS = "gsm8k,math500,mbpp,humaneval,shakespeare"
 

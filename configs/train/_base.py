@@ -7,7 +7,7 @@ from ml_collections import config_dict
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "model"
-  c.model = ml_collections.ConfigDict()  # ModelConfig fields (loopspec_jax.configs.models._common.model_config)
+  c.model = ml_collections.ConfigDict()  # ModelConfig fields (loopspec_configs.models._common.model_config)
   c.seed = 0
   c.steps = 1000
   c.batch_size = 16

@@ -1,7 +1,7 @@
 """tiny-ouro: an Ouro-style looped model (2 shared layers x R = 4, untied head), ~1.7M parameters (~6.7 MB)."""
 
-from loopspec_jax.configs.models._common import model_config
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.models._common import model_config
+from loopspec_configs.train._base import base_config
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ target's states at depths 1, 2, 4 and its distribution per step, batch k of the 
   loopspec-train --config=train/tiny_ouro_dflash.py
 """
 
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.train._base import base_config
 
 
 def dflash_config(target: str, steps: int):

@@ -2,8 +2,8 @@
 
 import math
 
-from loopspec_jax.configs.models._common import model_config
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.models._common import model_config
+from loopspec_configs.train._base import base_config
 
 HIDDEN = 128
 

@@ -4,7 +4,7 @@ settings of train/tiny_ouro_dflash.py (`loopspec_jax/heads/dflash.py`, `loopspec
   loopspec-train --config=train/tiny_raven_dflash.py
 """
 
-from loopspec_jax.configs.train.tiny_ouro_dflash import dflash_config
+from loopspec_configs.train.tiny_ouro_dflash import dflash_config
 
 
 def get_config(arg=None):

@@ -5,8 +5,8 @@ ids mean the same thing; 689,280 parameters and 2 layer calls per token against 
 Trained with the Ouro objective, which at R = 1 is the ordinary next-token loss.
 """
 
-from loopspec_jax.configs.models._common import model_config
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.models._common import model_config
+from loopspec_configs.train._base import base_config
 
 HIDDEN = 128
 

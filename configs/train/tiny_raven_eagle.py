@@ -12,7 +12,7 @@ The bundled head was trained by experiments/train_eagle.py (a recorded feature b
 how); `export_dir` is unset here so a run does not overwrite it: `--config.export_dir=<dir>` exports.
 """
 
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.train._base import base_config
 
 
 def get_config(arg=None):

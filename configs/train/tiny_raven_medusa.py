@@ -4,7 +4,7 @@
 bundled artefact with its model card to `export_dir`.
 """
 
-from loopspec_jax.configs.train._base import base_config
+from loopspec_configs.train._base import base_config
 
 
 def get_config(arg=None):

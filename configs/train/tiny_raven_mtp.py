@@ -2,7 +2,7 @@
 (loopspec_jax/heads/mtp.py, loss weight lambda = 0.3, DeepSeek-V3's early-training value). Exports the backbone
 to assets/models/tiny-raven-mtp and the MTP module to assets/heads/tiny-raven-mtp."""
 
-from loopspec_jax.configs.train import tiny_raven
+from loopspec_configs.train import tiny_raven
 
 
 def get_config(arg=None):

@@ -36,10 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopspec_jax.checkpoint import loading
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.passes import full_pass
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.tree import draft_tree
@@ -79,23 +81,6 @@ def distributions(logits, sp: common.SamplingParams):
   return sampling.process_logits(
       logits, greedy=False, temperature=row(sp.temperature), top_k=row(sp.top_k), top_p=row(sp.top_p)
   )
-
-
-def full_pass(params, cache, toks, pos, self_mask, mask, layout: kvcache.CacheLayout, cfg: ModelConfig, noise):
-  """pre, every core step and the readout at full depth of S positions per request in ONE batched pass.
-
-  toks / pos [B, S]; self_mask [B, S, S] among the queries; mask [B, S, T] over the cache (the committed
-  prefix); `params` in the decode form; `layout` group 1 with one readout. Writes the positions' entries and
-  returns (float32 logits [B, S, V], cache). Used for the target's verify pass and every drafter step.
-  """
-  t = cache.length
-  e, k, v = M.pre(params, toks, pos, self_mask, kvcache.prelude_ctx(cache, mask), cfg)
-  cache = kvcache.write_prelude(cache, k, v, kvcache.ordered(pos, e, t))
-  s = M.initial_state(e, cfg, noise)
-  s, cache = kvcache.run_core_steps(params, cache, layout, s, e, pos, self_mask, mask, 0, cfg.recurrence, cfg)
-  logits, k, v = M.post(params, s, pos, self_mask, kvcache.coda_ctx(cache, 0, mask), cfg)
-  cache = kvcache.write_coda(cache, 0, k, v, kvcache.ordered(pos, logits, t))
-  return logits, cache
 
 
 def offered(st: SpecState, sp: common.SamplingParams, g_eff):
@@ -395,9 +380,7 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
 
 @functools.lru_cache(maxsize=None)
 def _load_drafter(spec: str) -> LoopedModel:
-  from loopspec_jax import api  # api imports the registry, which imports this module
-
-  return api.load(spec)
+  return loading.load(spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,22 +32,6 @@ class Method:
   def check_target(self, model) -> None:
     """Checks that need the target `LoopedModel` itself (e.g. a drafter's tokenizer); run before compiling."""
 
-  def resolve(self, model, prompts, max_new_tokens: int, greedy: bool, run=None):
-    """(the method to run for these requests, a plan dict or None): a planner (`planner.Auto`) picks one
-    here; every other method is itself. `run(method, budget)`, where given, decodes these requests with
-    `method` at this call's shapes for `budget` new tokens (the planner's measured probe)."""
-    return self, None
-
-  def generate(self, model, prompts, max_new_tokens: int, greedy: bool, run, run_at=None):
-    """The `GenerateResult` of `generate`'s call: `resolve`, then `run` the method it gives (with the plan, if
-    any, as stats["plan"]). `run_at(prompts, max_new_tokens)` gives the `run` of another call with the same
-    settings (a planner that re-plans continues the requests from a prefix through it: `planner.Auto`)."""
-    del run_at
-    spec, plan = self.resolve(model, prompts, max_new_tokens, greedy, run=run)
-    result = run(spec)
-    result.stats.update({"plan": plan} if plan else {})  # method='auto': what the planner picked and why
-    return result
-
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     """The `decoding.common.Decoder` that runs this method on a model with config `cfg`."""
     raise NotImplementedError(f"{type(self).__name__}.make_decoder")

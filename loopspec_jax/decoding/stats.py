@@ -9,7 +9,9 @@ A decoder's final loop state becomes a `DecodeStats` of raw counts only:
 `a + b` (and `sum(stats_list, start)`, `DecodeStats.total(stats_list)`) concatenates the per-request lists and
 sums the totals, so a benchmark's many `generate` calls become one `DecodeStats`. Derived figures (accepted
 length, acceptance rate, tokens per second, ...) come from `summary()`: the figures every method shares here,
-the method's own from its class's `derived` (`decoding.method.Method`); no caller recomputes them.
+the method's own from its class's `derived` (`decoding.method.Method`); no caller recomputes them. This module
+sits below every method: the registry (`loopspec_jax.methods`) hands each method's `derived` down into
+`DERIVED` as it registers the class, so nothing here imports a method or the registry.
 
 Runs of different methods or configurations do not add (a benchmark row must not silently mix them), except
 runs the planner made: `auto`'s picks depend on the request and on measured probe times, so the runs of one
@@ -20,9 +22,12 @@ with no settings and the figures every method shares; which method ran where is 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import numpy as np
+
+# method name -> its class's `derived(stats) -> dict`, filled by the registry (`loopspec_jax.methods`)
+DERIVED: Dict[str, Callable[["DecodeStats"], dict]] = {}
 
 
 def _plain(x):
@@ -166,14 +171,15 @@ class DecodeStats:
 
   def summary(self) -> dict:
     """Every figure of these runs: the common ones, the settings, the sums of the per-request counters, the
-    maxima and the method's derived figures (its class's `derived`), plus the per-request lists."""
-    from loopspec_jax import methods  # the registry imports every decoder module, which imports this one
-
+    maxima and the method's derived figures (its class's `derived`, from `DERIVED`), plus the per-request
+    lists."""
+    if self.method not in DERIVED:
+      raise ValueError(f"no derived figures registered for method {self.method!r} (known: {sorted(DERIVED)})")
     out = self.common_figures()
     out.update(self.settings)
     out.update({k: self.count(k) for k in self.per_request if k not in out})
     out.update({k: v for k, v in self.totals.items() if k not in out})
     out.update(self.maxima)
-    out.update(methods.method_class(self.method).derived(self))
+    out.update(DERIVED[self.method](self))
     out["per_request"] = {k: list(v) for k, v in self.per_request.items()}
     return out

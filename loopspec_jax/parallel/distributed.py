@@ -14,7 +14,7 @@ experiment that wants some passes their values as arguments):
   LOOPSPEC_CPU_DEVICES                              simulated CPU devices of this process (local runs)
 On a Cloud TPU VM slice with several hosts (TPU_WORKER_HOSTNAMES lists more than one) JAX discovers them
 itself. A single process is a no-op. Results are written by process 0 only
-(`loopspec_jax.experiments.common.is_main_process`).
+(`loopspec_experiments.common.is_main_process`).
 
 On CPU the processes talk through gloo (TCP) collectives. A process that dies makes the others fail instead of
 hanging: a collective that needs it fails at once ("Connection closed by peer"), and the coordination service

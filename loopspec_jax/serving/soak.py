@@ -1,6 +1,6 @@
 """A soak run of loopspec-serve: minutes of mixed load with faults against a server process on 127.0.0.1.
 
-`soak(minutes, server_args)` starts `python -m loopspec_jax.experiments.serve` (the real entry point, as its own
+`soak(minutes, server_args)` starts `python -m loopspec_experiments.serve` (the real entry point, as its own
 process) on a free local port, waits for /ready, then runs until the deadline:
 
   load     non-streamed and streamed completions (greedy and sampled, some with stop strings), chat completions,
@@ -114,7 +114,7 @@ class Soak:
   def start_server(self, timeout: float = 1800.0) -> float:
     import requests
 
-    cmd = [sys.executable, "-m", "loopspec_jax.experiments.serve", f"--config.port={self.port}"]
+    cmd = [sys.executable, "-m", "loopspec_experiments.serve", f"--config.port={self.port}"]
     cmd += ["--config.host=127.0.0.1", "--config.access_log=false"] + self.server_args
     self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t0 = time.time()

@@ -43,6 +43,7 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.passes import append_level, full_pass, run_level
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
@@ -150,11 +151,9 @@ def expand(shape: Shape, root, logits0, run, past, sp, keys, *, branch: int, sam
 
   root [B] the last committed token; logits0 [B, 1, V] the drafter's readout at the root; run(level, toks
   [B, F], past, past_mask [B, F, n_runs before]) -> (logits [B, F, V], this level's entries) runs the level's
-  expanded nodes (`past`: the entries of the runs so far, appended here with `self_spec._append`); keys [B]
+  expanded nodes (`past`: the entries of the runs so far, appended here with `passes.append_level`); keys [B]
   per request and round (sampled children: fold_in of the node index; replacement=False: siblings drawn
   without replacement, for `specinfer.verify_round(replacement=False)`)."""
-  from loopspec_jax.decoding.tree.self_spec import _append  # self_spec imports this module
-
   b = root.shape[0]
   k = len(shape.parent)
   tokens = jnp.zeros((b, k), jnp.int32).at[:, 0].set(root)
@@ -166,7 +165,7 @@ def expand(shape: Shape, root, logits0, run, past, sp, keys, *, branch: int, sam
     if lvl:
       pm = jnp.broadcast_to(jnp.asarray(shape.past_mask(lvl)), (b,) + shape.past_mask(lvl).shape)
       logits, new = run(lvl, tokens[:, list(exp)], past, pm)
-      past = _append(past, new)
+      past = append_level(past, new)
     kids = [i for i in range(k) if shape.depth[i] == lvl + 1]
     slot = np.asarray([exp.index(shape.parent[i]) for i in kids])
     if sample:
@@ -193,8 +192,6 @@ def draft_keys(sp: common.SamplingParams, p0):
 def catch_up(dparams, dcache, tokens, p0, width: int, dlayout, dcfg: ModelConfig):
   """The drafter's pass over the `width` positions ending at p0 (written to its cache; positions below 0 are
   copies of position 0, each seeing only itself). Returns (logits at p0 [B, 1, V], dcache)."""
-  from loopspec_jax.decoding.draft import full_pass  # draft imports this module
-
   b, t = tokens.shape
   pos = p0[:, None] - (width - 1) + jnp.arange(width)[None, :]
   ok = pos >= 0
@@ -230,8 +227,6 @@ def decode_loop(
 ):
   """Rounds of (the drafter expands a static tree, one full-depth target pass verifies it) until all are done.
   state.extra is the drafter's KV cache; drafts: one of DRAFTS (greedy decoding always takes "topk")."""
-  from loopspec_jax.decoding.tree.self_spec import run_level
-
   params = M.prepare_params(params, cfg)
   dparams = M.prepare_params(dparams, dcfg)
   layout, dlayout = kvcache.CacheLayout.of(cfg, 1), kvcache.CacheLayout.of(dcfg, 1)

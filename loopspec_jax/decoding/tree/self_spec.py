@@ -35,6 +35,7 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.passes import append_level, run_level
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import specinfer
@@ -49,47 +50,6 @@ SHAPES = ("dynamic", "sequoia")  # EAGLE-2's tree from this round's scores / Seq
 def pool_size(branch: int, gamma: int) -> int:
   """Candidates a round drafts besides the root: branch at depth 1, branch^2 at each deeper level."""
   return branch + (gamma - 1) * branch * branch
-
-
-def _ctx(base, past, name, past_mask):
-  """ctx_fn `base` plus the in-flight segment of slot `name` (k/v [L, B, P, KV, D]) under past_mask."""
-  if past is None:
-    return base
-
-  def ctx(l):
-    k, v = past[name]
-    return base(l) + [(k[l].transpose(0, 2, 1, 3), v[l].transpose(0, 2, 1, 3), past_mask)]
-
-  return ctx
-
-
-def run_level(params, cache, layout, toks, p0, level: int, past, past_mask, d1: int, cfg: ModelConfig, noise):
-  """pre + d1 core steps + readout at d1 of S queries per request (toks [B, S], all at position p0 + level),
-  attending to the committed prefix (positions < p0) and to the in-flight entries `past` ({slot: (k, v)
-  [L, B, P, KV, D]} of earlier levels, None at level 0) under past_mask [B, S, P]; each query also sees
-  itself. Returns (logits at d1 [B, S, V], this level's entries by slot); writes nothing."""
-  b, s_len = toks.shape
-  t = cache.length
-  pos = jnp.broadcast_to((p0 + level)[:, None], (b, s_len))
-  mask = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s_len, t))
-  own = jnp.broadcast_to(jnp.eye(s_len, dtype=bool), (b, s_len, s_len))
-  e, k, v = M.pre(params, toks, pos, own, _ctx(kvcache.prelude_ctx(cache, mask), past, "pre", past_mask), cfg)
-  new = {"pre": (k, v)}
-  s = M.initial_state(e, cfg, noise)
-  for i in range(d1):
-    ctx = _ctx(kvcache.core_ctx(cache, layout, i, mask), past, f"core{i}", past_mask)
-    s, k, v = M.core_step(params, s, e, pos, own, ctx, cfg)
-    new[f"core{i}"] = (k, v)
-  logits, k, v = M.post(params, s, pos, own, _ctx(kvcache.coda_ctx(cache, 0, mask), past, "coda", past_mask), cfg)
-  new["coda"] = (k, v)
-  return logits, new
-
-
-def _append(past, new):
-  """The in-flight entries of earlier levels plus this level's (concatenated along the query axis)."""
-  if past is None:
-    return new
-  return {n: tuple(jnp.concatenate([a, b], axis=2) for a, b in zip(past[n], new[n])) for n in past}
 
 
 def _children(logits, branch: int):
@@ -111,7 +71,7 @@ def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch,
   def level(past, lvl, toks, order, past_mask):
     del order
     logits, new = run_level(params, cache, layout, toks, p0, lvl, past, past_mask, d1, cfg, noise(lvl, toks.shape[1]))
-    return logits, _append(past, new)
+    return logits, append_level(past, new)
 
   return expand_tree(level, None, root, gamma=gamma, branch=branch, tree_nodes=tree_nodes)[0]
 

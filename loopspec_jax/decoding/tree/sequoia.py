@@ -29,7 +29,7 @@ import numpy as np
 
 from loopspec_jax.decoding.tree import draft_tree as dt
 
-# greedy, measured by `python -P -m loopspec_jax.experiments.tree_shape` (results/trees_shape/epyc2-2026-12-03/
+# greedy, measured by `python -m loopspec_experiments.tree_shape` (results/trees_shape/epyc2-2026-12-03/
 # shape.md): P(AR's greedy token is the rank-k top-4 token of the d1 readout | its parent accepted), pooled over
 # depths and over GSM8K and Shakespeare prompts 8..15 (720 depth-1 trials per task and d1), 3 decimals.
 # Sampled (T = 1), measured by `tree_shape --sampled` (results/trees_shape/epyc2-2026-12-04-t1cal/shape_t1.md)

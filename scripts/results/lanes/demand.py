@@ -9,8 +9,8 @@ import sys
 import time
 
 import loopspec_jax
-from loopspec_jax.configs.sweeps import bundled
-from loopspec_jax.experiments import common
+from loopspec_configs.sweeps import bundled
+from loopspec_experiments import common
 
 
 def main(argv):

@@ -1,13 +1,13 @@
 """bench_trees config of the Sequoia-shape run (results/trees_shape/): configs/bench/trees.py with this
 run's methods (the tree variants beside chain) and one timed repeat.
 
-  python -P -m loopspec_jax.experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py \
+  python -P -m loopspec_experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py \
       --config.out_dir=results/trees_shape/epyc2-2026-12-03
-  python -P -m loopspec_jax.experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:t1 \
+  python -P -m loopspec_experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:t1 \
       --config.out_dir=results/trees_shape/epyc2-2026-12-03-t1
-  python -P -m loopspec_jax.experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:t1b \
+  python -P -m loopspec_experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:t1b \
       --config.out_dir=results/trees_shape/epyc2-2026-12-04-t1b
-  python -P -m loopspec_jax.experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:kseq \
+  python -P -m loopspec_experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:kseq \
       --config.out_dir=results/trees_shape/epyc2-2026-12-04-kseq
 """
 

@@ -2,7 +2,7 @@
 
 import json, sys, time
 import loopspec_jax as lj
-from loopspec_jax.experiments import bench, common
+from loopspec_experiments import bench, common
 
 model = common.resolve_model("random:huginn:bench_e512", seed=0)
 prompt = bench.load_prompt_set("random", model, 1, 32, 0)[0]

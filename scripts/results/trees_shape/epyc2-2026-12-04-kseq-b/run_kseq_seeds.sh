@@ -3,7 +3,7 @@
 O=results/trees_shape/epyc2-2026-12-04-kseq-b
 for s in 8 9 10 11 12 13 14 15; do
   (date -u; uptime) > $O/uptime_start_kseq_seed$s.txt
-  .venv/bin/python -P -m loopspec_jax.experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:kseq \
+  .venv/bin/python -P -m loopspec_experiments.bench_trees --config=scripts/results/trees_shape/bench_config.py:kseq \
       --config.out_dir=$O/kseq_seed$s --config.seed=$s \
       --config.only='ar;tree:d1=1,gamma=6,branch=4,tree_nodes=32,drafts=kseq,shape=sequoia' > $O/log_kseq_seed$s.txt 2>&1
 done
