@@ -5,8 +5,9 @@
 For each release model, sampling and task of the preset: the task's shots, budget and seed 1234, every depth
 configuration of the model as one method ('baseline' -> 'ar', 'K:X' -> 'loopspec:K:X'), one request at a time,
 through `evaluate.run_evaluation` (rows appended to <out_dir>/<model>/eval.jsonl as they are measured). Tasks
-that cannot run here are named and skipped: a chat task (the lm-eval backend has no `apply_chat_template`
-yet) and, with `bundled`, a task with no offline twin in loopspec_jax/tasks. Writes <out_dir>/release.md.
+that cannot run here are named and skipped: with `bundled`, a task with no offline twin in loopspec_jax/tasks.
+A chat task (the thinking models' presets) runs through the model's chat template with thinking enabled
+(`apply_chat_template`, `enable_thinking`; the response is the text after `think_end_token` when one is set). Writes <out_dir>/release.md.
 """
 
 from __future__ import annotations
@@ -37,9 +38,7 @@ def method_spec(depth: str, lane_capacity: str = "") -> str:
 
 def resolve_task(name: str, bundled: bool):
   """(lm-eval task to run, None) or (None, why it cannot run here)."""
-  lm_task, _, _, _, chat = suite.TASKS[name]
-  if chat:
-    return None, f"{name}: needs apply_chat_template with thinking, which the lm-eval backend does not run yet"
+  lm_task = suite.TASKS[name][0]
   if not bundled:
     return lm_task, None
   twin = suite.OFFLINE.get(lm_task)
@@ -57,7 +56,7 @@ def resolve_model(name: str, cfg) -> str:
 
 def eval_config(cfg, model: str, task: str, depths: list, sampling: dict, release_task: str, out_dir: str):
   """The loopspec-evaluate config of one (model, task, sampling) job."""
-  _, shots, max_gen, _, _ = suite.TASKS[release_task]
+  _, shots, max_gen, _, chat = suite.TASKS[release_task]
   if cfg.bundled:
     max_gen = min(max_gen, cfg.max_gen_toks_cap)
   gen = [f"max_gen_toks={max_gen}"]
@@ -77,6 +76,8 @@ def eval_config(cfg, model: str, task: str, depths: list, sampling: dict, releas
   c.allow_code_execution = cfg.allow_code_execution
   c.bootstrap_iters = 0
   c.out_dir = out_dir
+  if chat:  # the release's thinking presets: the chat template, thinking on
+    c.apply_chat_template, c.enable_thinking, c.think_end_token = True, True, cfg.think_end_token
   return c
 
 

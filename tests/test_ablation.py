@@ -237,5 +237,10 @@ def test_release_presets_map_to_offline_tasks_or_say_why_not():
         twin, why = release_run.resolve_task(task, bundled=True)
         assert (twin is None) != (why is None) and (why is None or task in why)
   assert release_run.resolve_task("gsm8k-cot", bundled=True) == ("loopspec_gsm8k_cot", None)
-  assert "apply_chat_template" in release_run.resolve_task("aime24-chat", bundled=True)[1]
+  assert release_run.resolve_task("gsm8k-cot-chat", bundled=True) == ("loopspec_gsm8k_cot", None)  # chat: a template
+  assert "'aime24'" in release_run.resolve_task("aime24-chat", bundled=True)[1]  # no offline twin ships
+  cfg = suite.get_config("111")
+  chat = release_run.eval_config(cfg, "m", "loopspec_gsm8k_cot", ["1:2"], {}, "gsm8k-cot-chat", "/tmp/x")
+  plain = release_run.eval_config(cfg, "m", "loopspec_gsm8k_cot", ["1:2"], {}, "gsm8k-cot", "/tmp/x")
+  assert (chat.apply_chat_template, chat.enable_thinking) == (True, True) and not plain.apply_chat_template
   assert "'bbh_cot_fewshot'" in release_run.resolve_task("bbh", bundled=True)[1]

@@ -148,6 +148,7 @@ def test_ngram_drafts_longest_suffix_beats_a_later_shorter_match():
   assert np.asarray(drafts).tolist() == [[8, 1, 2, 8], [9, 4, 1, 2]]
 
 
+@pytest.mark.slow  # ~18 s; the default suite checks the bundled drafter's tau (test_drafter_acceptance)
 def test_draft_model_equal_to_the_target_has_every_greedy_draft_accepted():
   """A drafter that is an exact copy of the target (same weights and depth, a separate model object) drafts the
   target's argmax: every round commits gamma + 1 tokens but the last, which the budget cuts. Exact counts per
@@ -260,6 +261,7 @@ def run_sampled(case):
   return res, counts
 
 
+@pytest.mark.slow  # ~30 s; a draft chain verifies with the chain rule, which test_lossless_sampling checks by default
 @pytest.mark.parametrize("case", FAST, ids=[c[0] for c in FAST])
 def test_sampled_distribution_is_exact(case):
   res, counts = run_sampled(case)

@@ -165,6 +165,7 @@ def test_demo_report_adds_the_single_proposal_line():
   assert "single proposal" not in demo.report(model, 2, ar, ls)
 
 
+@pytest.mark.slow  # ~20 s; test_demo_auto_row_adds_runs_whose_picks_differ drives the same interleaving
 def test_demo_interleaves_methods_per_prompt(monkeypatch):
   """Per prompt: one compiling call per method, then rounds that time each method once in turn."""
   import loopspec_jax
@@ -200,6 +201,7 @@ def test_demo_explains_a_ratio_below_one_on_a_cpu():
   assert common.last_level_cache_bytes() >= 1 << 20
 
 
+@pytest.mark.slow  # ~25 s of measured timing: a benchmark tool, run by loopspec-row-cost
 def test_row_cost_measures_every_row_count_and_bounds_the_ratio():
   """The row-cost bound: core steps on M rows (each row attending to its own cache block) and an AR token at
   the same cache length, timed interleaved; the bound is tokens per tick x t_AR / (d1 t(G))."""

@@ -42,8 +42,9 @@ LOOPSPEC_SLOW = [
     ("raven_olmo:tiny", 1, None),
 ]
 # (spec, d1, gamma)
-CHAIN = [("ouro:tiny", 1, 3), ("huginn:tiny", 2, 2)]
+CHAIN = [("ouro:tiny", 1, 3)]
 CHAIN_SLOW = [
+    ("huginn:tiny", 2, 2),
     ("raven_llama:tiny", 1, 4),
     ("raven_olmo:tiny", 2, 3),
     ("ouro:tiny", 2, 1),

@@ -60,6 +60,7 @@ def small_target():
   return helpers.tiny_model("raven_llama:tiny", 0.05, seed=0, vocab_size=VOCAB)
 
 
+@pytest.mark.slow  # ~40 s; DFlash verifies with the chain rule, which test_lossless_sampling checks by default
 def test_sampled_distribution_is_exact():
   """Two tokens of N identical requests (one draft offered: acceptances with bonus draws and rejections with
   residual draws both occur) against the exact distribution of the target's processed full-depth readouts; greedy on

@@ -42,6 +42,7 @@ def test_configs_name_their_trainer():
     assert c.export_dir == f"loopspec_jax/assets/heads/{target}-dflash"
 
 
+@pytest.mark.slow  # ~14 s; resuming is the shared trainer's (test_heads_train checks it by default)
 def test_training_resumes_to_the_uninterrupted_result(tmp_path):
   model = helpers.tokenized_model("ouro:tiny", 0.5)
   rng = np.random.default_rng(0)

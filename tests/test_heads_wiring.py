@@ -144,6 +144,7 @@ def test_head_methods_are_frozen_values():
 # ---------------------------------------------------------------------------------------------------
 # The cost report's draft rows (loopspec-cost-report --config=cost/default.py:heads)
 # ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # ~13 s: cost-report tooling
 def test_cost_report_heads_preset_and_draft_rows():
   """The `:heads` preset runs the draft programs alone; at a tiny size every row has flops and bytes, a d1=2
   readout reads more than d1=1's, EAGLE's level reads its own KV cache, Medusa's and MTP's none."""

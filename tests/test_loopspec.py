@@ -158,7 +158,7 @@ def test_eos_stops_requests_at_different_ticks(contraction):
 # ---------------------------------------------------------------------------------------------------
 # 2. Cost identity with no rejections: one commit per tick after the R/d1 start-up
 # ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["huginn:tiny", "raven_olmo:tiny"])
+@pytest.mark.parametrize("name", ["huginn:tiny", pytest.param("raven_olmo:tiny", marks=pytest.mark.slow)])
 def test_no_rejection_pipeline_commits_one_token_per_tick(name):
   """contraction=0 makes a Raven core ignore its state, so every depth reads out the same distribution:
   x1 is never rejected. The pipeline then holds R/d1 lanes and commits one token per tick once the first

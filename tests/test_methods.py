@@ -75,9 +75,9 @@ def test_build_from_keywords_and_objects():
 def test_generate_takes_a_name_a_spec_or_an_object():
   model = helpers.tiny_model("huginn:tiny", contraction=0.7)
   prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
-  by_kw = lj.generate(model, prompts, max_new_tokens=8, method="loopspec", d1=1, d2=2)
-  by_obj = lj.generate(model, prompts, max_new_tokens=8, method=lj.LoopSpec(d1=1, d2=2))
-  by_spec = lj.generate(model, prompts, max_new_tokens=8, method="loopspec:1,2")
+  by_kw = lj.generate(model, prompts, max_new_tokens=8, method="chain", d1=2, gamma=2)  # one compile for three
+  by_obj = lj.generate(model, prompts, max_new_tokens=8, method=lj.Chain(d1=2, gamma=2))
+  by_spec = lj.generate(model, prompts, max_new_tokens=8, method="chain:2,2")
   ar = lj.generate(model, prompts, max_new_tokens=8)
   assert by_kw.tokens == by_obj.tokens == by_spec.tokens == ar.tokens
   with pytest.raises(ValueError, match="d1=3 must divide"):

@@ -15,7 +15,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
     [
         lj.AR(),
         pytest.param(lj.Chain(d1=1, gamma=3), marks=pytest.mark.slow),
-        lj.LoopSpec(d1=1, d2=2),
+        lj.LoopSpec(d1=2, d2=4),  # (1, 2) has twice the stages: twice the compile
         pytest.param(lj.Lookup(ngram=2, gamma=3), marks=pytest.mark.slow),
     ],
     ids=str,
@@ -34,7 +34,7 @@ def test_runs_add_to_the_batched_run(method):
   if isinstance(method, lj.LoopSpec):
     c = fig["commits"]
     assert fig["mean_accepted_length"] == theory.gamma_from_counts(
-        model.config.recurrence, 1, 2, 16, c["second"] + c["restart"], c["restart"]
+        model.config.recurrence, 2, 4, 16, c["second"] + c["restart"], c["restart"]
     )
 
 

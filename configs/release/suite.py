@@ -103,6 +103,7 @@ def get_config(arg=None):
   c.max_gen_toks_cap = 32  # bundled only: the tiny models' context is 256 positions
   c.seed = SEED
   c.dtype = "float32"
+  c.think_end_token = ""  # chat tasks: the response is the text after it (e.g. '</think>'); '' = the whole text
   c.allow_code_execution = False  # the coding tasks run model-written code: opt in
   c.out_dir = f"results/release/{c.experiment}"
   return c
