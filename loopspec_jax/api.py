@@ -128,8 +128,7 @@ def generate(
   random_init = init_state == "random"
   method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
   method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
-  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id)
-  sampling.update({"stops": stops} if stops else {})
+  sampling = common.Sampling(temperature, top_k, top_p, seed, eos_id, stops or None)
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
   run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
   # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (methods.Auto) is
@@ -137,7 +136,7 @@ def generate(
   spec, run = methods.build(method, **method_args), run_at(prompts, max_new_tokens)
   if not isinstance(spec, methods.Auto):
     return run(spec)
-  result = planner.generate(model, prompts, max_new_tokens, greedy, spec, run, run_at)
+  result = planner.generate(model, prompts, max_new_tokens, sampling, spec, run, run_at)
   if stops:  # its continuation after a re-plan cannot see a stop straddling the join
     result.tokens = [stop_seqs.cut_tokens(t, stops) for t in result.tokens]
   return result
@@ -181,7 +180,7 @@ def _run(
   """Decodes `prompts` with `spec` at the shapes of a `max_new_tokens` call (its compiled programs), each
   request stopping after `budget` new tokens (default max_new_tokens; an int, or one per request)."""
   cfg = model.config
-  greedy = float(sampling["temperature"]) == 0.0
+  greedy = sampling.greedy
   spec = methods.build_checked(spec, model)
   if speculate_max_batch is not None and len(prompts) > speculate_max_batch:
     spec = methods.AR()  # large batches are compute-bound
@@ -198,7 +197,7 @@ def _run(
   new = np.minimum(max_new_tokens if budget is None else budget, max_new_tokens)
   if new.ndim:  # per request: dummy requests of a mesh's padding get a budget of 1 (below)
     new = np.concatenate([new, np.ones(len(prompts) - len(new), new.dtype)])
-  sp = common.make_sampling_params(len(prompts), new, request_ids=request_ids, **sampling)
+  sp = sampling.params(len(prompts), new, request_ids=request_ids)
   if len(prompts) > n_real:  # dummy requests stop after one token
     sp = sp.replace(max_new=sp.max_new.at[n_real:].set(1))
   result = common.run_decoder(

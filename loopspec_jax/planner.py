@@ -68,7 +68,7 @@ from loopspec_jax.decoding.loopspec.decoder import LoopSpec
 from loopspec_jax.decoding.method import Method
 from loopspec_jax.models import looped as M
 from loopspec_jax import user_cache
-from loopspec_jax.probe import sampling_of, measure, probe_run  # the measured probe (re-exported)
+from loopspec_jax.probe import measure, probe_run  # the measured probe (re-exported)
 
 ENVELOPE = (0.175, 1.03)  # Theorem 2's (beta, alpha) for Huginn-0125 (docs/loopspec.md check value)
 # Kernels per (layer, recurrent step) of a decode loop: tiny-raven's AR token compiles to 3085 ops for its
@@ -354,7 +354,7 @@ def _curve(model, prompts, greedy, auto):
 
 
 def make_plan(
-    model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None, curve=None
+    model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None, curve=None, sampling=None
 ) -> Tuple[Method, dict]:
   """The method `auto` resolves to for these requests and the plan (choice, reasons, top candidates with
   their predicted and, when `run` is given and auto.measure > 0, measured tokens and ms per iteration).
@@ -376,7 +376,7 @@ def make_plan(
     for m in shortlist:
       predicted.setdefault(m, _predicted(cfg, m, hw, batch, context, curve))
     rounds = int(auto.rounds or 5)
-    got = measure(probe_run(run), shortlist, budget, rounds)
+    got = measure(probe_run(run, sampling), shortlist, budget, rounds)
     ratios = {m: q for m, (_, _, q) in got.items()}
     ranked = sorted((Candidate(m, t, s, batch) for m, (t, s, _) in got.items()), key=lambda c: -ratios[c.method])
     basis = (
@@ -406,20 +406,21 @@ def make_plan(
   }
 
 
-def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: Auto, run) -> tuple:
-  """`plan_key` of a `generate` call, its sampling settings (all but the seed) read off its `run`."""
-  sampling = tuple(sorted(sampling_of(run).items())) or greedy
-  sampling = tuple((k, v) for k, v in sampling if k != "seed") if isinstance(sampling, tuple) else sampling
-  return plan_key(model, prompts, max_new_tokens, sampling, auto)
+def _key(model, prompts, max_new_tokens: int, greedy: bool, auto: Auto, sampling) -> tuple:
+  """`plan_key` of a call: its sampling settings but the seed (`common.Sampling`), or just `greedy`."""
+  return plan_key(model, prompts, max_new_tokens, greedy if sampling is None else sampling.plan_key(), auto)
 
 
-def plan(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None) -> Tuple[Method, dict]:
-  """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`."""
-  key = _key(model, prompts, max_new_tokens, greedy, auto, run)
+def plan(
+    model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run=None, sampling=None
+) -> Tuple[Method, dict]:
+  """`make_plan`, once per `plan_key` for the process (the cache `PLANS`); a cached plan says `cached`.
+  `sampling`: the call's `common.Sampling` (its settings key the plan; a sampled probe runs at its next seed)."""
+  key = _key(model, prompts, max_new_tokens, greedy, auto, sampling)
   if key in PLANS:
     method, p = PLANS[key]
     return method, dict(p, cached=True)
-  method, p = make_plan(model, prompts, max_new_tokens, greedy, auto, run)
+  method, p = make_plan(model, prompts, max_new_tokens, greedy, auto, run, sampling=sampling)
   PLANS[key] = (method, p)
   return method, dict(p, cached=False)
 
@@ -436,7 +437,7 @@ def engine_plan(model, auto: Auto, slots: int, total: int, greedy: bool) -> Tupl
 # ---------------------------------------------------------------------------------------------------
 # Re-planning: a second measured probe after the first `replan` tokens, on prompt + those tokens
 # ---------------------------------------------------------------------------------------------------
-def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto, run, run_at=None):
+def generate(model, prompts: list, max_new_tokens: int, sampling: common.Sampling, auto: Auto, run, run_at=None):
   """`generate(method=auto)`: decode with the first plan's pick; with re-planning on (`auto.replan` = N > 0,
   max_new_tokens > N, a measured probe) decode only the first N tokens with it, re-run the measured probe of
   the first plan's shortlist on each request's prompt + its N tokens (at the continuation's own shapes, the
@@ -452,9 +453,10 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto
   `picks` ([first] or [first, second]) and `replan` (the second plan with `after_tokens`, or `skipped`: why
   not); with two segments, stats are their counts joined (`DecodeStats.then`) and each one's in `segments`."""
   auto.validate(model.config)
+  greedy = sampling.greedy
   n = REPLAN if auto.replan is None else int(auto.replan)
-  first, p1 = plan(model, prompts, max_new_tokens, greedy, auto, run)
-  key = _key(model, prompts, max_new_tokens, greedy, auto, run) + ("replan", n)
+  first, p1 = plan(model, prompts, max_new_tokens, greedy, auto, run, sampling)
+  key = _key(model, prompts, max_new_tokens, greedy, auto, sampling) + ("replan", n)
   skip = None
   if not n:
     skip = "off (replan=0)"
@@ -470,7 +472,7 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto
     result.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": skip})
     return result
   head = run(first, n)
-  head.counts, eos = head.counts.as_planned(), sampling_of(run).get("eos_id")
+  head.counts, eos = head.counts.as_planned(), sampling.eos_id
   live = [len(t) == n and not (eos is not None and eos in t) for t in head.tokens]
   if not any(live):
     head.stats["plan"] = dict(p1, picks=[first.spec], replan={"skipped": f"every request finished within {n} tokens"})
@@ -482,7 +484,7 @@ def generate(model, prompts: list, max_new_tokens: int, greedy: bool, auto: Auto
   if key in PLANS:
     second, p2 = PLANS[key][0], dict(PLANS[key][1], cached=True)
   else:
-    run2_probe = probe_run(run2)
+    run2_probe = probe_run(run2, sampling)
     probe = lambda m, b: run2_probe(m, [min(int(b), x) for x in budgets])
     dc = p1["depth_curve"]
     second, p2 = make_plan(model, ext, rest, greedy, auto, probe, curve=((dc["beta"], dc["alpha"]), dc["source"]))

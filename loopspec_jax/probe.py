@@ -12,20 +12,15 @@ from loopspec_jax.decoding.autoregressive import AR
 from loopspec_jax.decoding.method import Method
 
 
-def sampling_of(run) -> dict:
-  """The sampling settings of a `generate` call's `run` (a partial of `api._run`); {} for any other `run`."""
-  return getattr(run, "keywords", {}).get("sampling") or {}
-
-
-def probe_run(run):
+def probe_run(run, sampling=None):
   """The `run` the measured probe calls: a sampled call's probe draws from the next seed's keys, so that the
   pick does not depend on the very draws its decode then makes (were it chosen on them, the sampled output
   would lean toward what the picked method happens to accept well: exact per method, biased by the choice).
-  Greedy, or a `run` that is not `generate`'s (no sampling keywords): `run` itself."""
-  sampling = sampling_of(run)
-  if not sampling or float(sampling.get("temperature", 0.0)) == 0.0:
+  `sampling`: the call's `common.Sampling` (`run` takes it as its `sampling` keyword); greedy or None: `run`
+  itself."""
+  if sampling is None or sampling.greedy:
     return run
-  return functools.partial(run, sampling=dict(sampling, seed=int(sampling["seed"]) + 1))
+  return functools.partial(run, sampling=sampling.next_seed())
 
 
 def _sample(result) -> Tuple[float, float]:

@@ -13,6 +13,7 @@ from loopspec_jax import planner
 from loopspec_jax.analysis import hardware
 from loopspec_jax.decoding import autoregressive
 from loopspec_jax.decoding import chain
+from loopspec_jax.decoding import common
 
 HW = hardware.Hardware("x", bandwidth=1e10, peak_flops=1e11, op_overhead_s=1e-8)
 
@@ -297,7 +298,7 @@ def test_auto_replan_sampled_keys_go_on_by_position(quick_planner, monkeypatch):
 
 def test_a_sampled_probe_draws_other_keys_than_its_decode():
   """The pick must not depend on the draws the decode then makes: a sampled probe runs at the next seed."""
-  run = functools.partial(lambda m, b=None, *, sampling: sampling["seed"], sampling={"temperature": 0.8, "seed": 5})
-  assert run(AR) == 5 and planner.probe_run(run)(AR, 4) == 6
-  greedy = functools.partial(run, sampling={"temperature": 0.0, "seed": 5})
-  assert planner.probe_run(greedy) is greedy
+  sampled = common.Sampling(temperature=0.8, seed=5)
+  run = functools.partial(lambda m, b=None, *, sampling: sampling.seed, sampling=sampled)
+  assert run(AR) == 5 and planner.probe_run(run, sampled)(AR, 4) == 6
+  assert planner.probe_run(run, common.Sampling(seed=5)) is run and planner.probe_run(run, None) is run

@@ -56,6 +56,37 @@ class SamplingParams:
   stops: Optional[jax.Array] = axes_field(None, None, default=None)  # [K, L] stop sequences (None: none)
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """One call's sampling settings, as a typed host value: `generate` builds it, its driver turns it into the
+  device `SamplingParams` (`params`), and the planner keys its plans on it and probes at its next seed.
+
+  temperature 0 is greedy; top_k 0 and top_p 1 are off; eos_id None: none; stops: normalized token-id
+  sequences (`stops.normalize`), None: none."""
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  eos_id: Optional[int] = None
+  stops: Optional[tuple] = None
+
+  @property
+  def greedy(self) -> bool:
+    return float(self.temperature) == 0.0
+
+  def plan_key(self) -> tuple:
+    """What a plan depends on: every setting but the seed (a plan is the same for every seed)."""
+    return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "seed")
+
+  def next_seed(self) -> "Sampling":
+    return dataclasses.replace(self, seed=int(self.seed) + 1)
+
+  def params(self, n: int, max_new_tokens, request_ids=None) -> "SamplingParams":
+    kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    return make_sampling_params(n, max_new_tokens, request_ids=request_ids, **kw)
+
+
 def make_sampling_params(n, max_new_tokens, temperature, top_k, top_p, seed, eos_id, request_ids=None, stops=None):
   """SamplingParams for n requests; max_new_tokens, temperature, top_k, top_p are scalars or per-request [n];
   `stops`: token-id sequences (`stops.stop_table`; None: none)."""

@@ -87,7 +87,9 @@ class EngineFailedError(RuntimeError):
 class EngineConfig:
   """Static configuration of an engine: one compiled decode loop per distinct value.
 
-  method / d1 / d2 / gamma / lane_capacity: as `generate`. slots: B request slots. max_queue: waiting requests
+  method: a `Method` (the one home of its arguments); a name or spec string, with the convenience keywords
+  d1 / d2 / gamma / lane_capacity as `generate` takes them, parses into one at construction (those fields are
+  then None). slots: B request slots. max_queue: waiting requests
   beyond which `submit` refuses. ticks_per_call: loop iterations per device call (AR: tokens, chain: rounds,
   LoopSpec: ticks). greedy_only: compile the greedy kernels (no distributions) and refuse temperature > 0;
   otherwise the sampled kernels run for every slot and temperature-0 slots decode greedily inside them.
@@ -108,6 +110,15 @@ class EngineConfig:
   eos_id: Optional[int] = None
   seed: int = 0
   init_state: str = "zeros"
+
+  def __post_init__(self):
+    args = {k: getattr(self, k) for k in _METHOD_KEYWORDS}
+    object.__setattr__(self, "method", methods.build(self.method, **args))
+    for k in _METHOD_KEYWORDS:
+      object.__setattr__(self, k, None)
+
+
+_METHOD_KEYWORDS = ("d1", "d2", "gamma", "lane_capacity")  # folded into EngineConfig.method
 
 
 @dataclasses.dataclass
@@ -173,8 +184,7 @@ class Engine:
     if config.slots < 1 or config.max_queue < 0 or config.ticks_per_call < 1:
       raise ValueError(f"need slots >= 1, max_queue >= 0 and ticks_per_call >= 1, got {config}")
     common.validate_sampling(0.0, 0, 1.0, config.init_state, cfg)
-    method_args = {"d1": config.d1, "d2": config.d2, "gamma": config.gamma, "lane_capacity": config.lane_capacity}
-    self.method = methods.build(config.method, **method_args)  # any method of the registry
+    self.method = config.method  # any method of the registry
     self.plan = None  # method 'auto': the planner's pick for this engine's slots, context and sampling kernel
     if isinstance(self.method, planner.Auto):
       total = int(config.max_len or cfg.max_len)
