@@ -9,7 +9,7 @@ initial state and decode loop declare one and that every leaf of its state has d
 drafter's or head's own state per request). The 8 devices need XLA_FLAGS before jax starts, so the decodes run
 in subprocesses, a pair at once (one device and the (2, 4) mesh, the same compiler flags;
 `helpers.mesh_reports`), each decoding every case; a case that fails in a worker fails its own test. They run
-with `-m slow` (each pair: about 100 s of CPU per worker on the 2-core host, the compiles of 15 decoders). The
+with `-m slow` (each pair: 75-125 s of CPU per worker on the 2-core host, the compiles of 15 decoders). The
 mesh worker also records the shardings of each decode loop's result (requests over 'data', KV heads over
 'model') and the traces and compiles of every sharded program (one each per configuration). The target is
 huginn:tiny (4 heads, R = 8) with random weights; the drafter of 'draft' the target's own weights at R = 1; the
@@ -223,14 +223,14 @@ def _check_mesh_run(one: dict, got: dict, case: str) -> None:
   assert all("data" in spec for spec in st["extra"]), st
 
 
-@pytest.mark.slow  # two 8-device workers at once: 100 s CPU each (433 s wall at load 4 on the 2-core host)
+@pytest.mark.slow  # two 8-device workers at once: 75 s / 90 s CPU (336 s wall at load 11, 2-core host)
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_on_a_2x4_mesh_equals_one_device(reports, case):
   _check_mesh_run(reports[None], reports[(2, 4)], case)
   assert reports[None]["tokens"][case] == reports[None]["tokens"]["ar"]  # and lossless
 
 
-@pytest.mark.slow  # as the greedy runs: two more 8-device workers
+@pytest.mark.slow  # two more 8-device workers: 99 s / 124 s CPU (453 s wall at load 11)
 @pytest.mark.parametrize("case", list(CASES))
 def test_sampled_on_a_2x4_mesh_equals_one_device(sampled_reports, case):
   _check_mesh_run(sampled_reports[None], sampled_reports[(2, 4)], case)
