@@ -62,8 +62,8 @@ _forward_depths = jax.jit(
 
 
 def _check_shardable(spec, decoder) -> None:
-  """A method runs on a mesh only through declared sharded entry points (parallel/sharding.py)."""
-  if not all(sharding.entry_name(f) in sharding.ENTRY_POINTS for f in (decoder.init, decoder.loop)):
+  """A method runs on a mesh only through declared sharded entry points (parallel/entry.py)."""
+  if not all(sharding.is_entry_point(f) for f in (decoder.init, decoder.loop)):
     raise ValueError(f"method {spec.name!r} does not run on a mesh yet (no sharded entry points); use mesh=None")
 
 

@@ -8,6 +8,7 @@ from loopspec_jax.decoding.tree import eagle as eagle_decoder
 from loopspec_jax.decoding.tree import medusa as medusa_decoder
 from loopspec_jax.decoding.tree import mtp as mtp_decoder
 from loopspec_jax.heads import artefact
+from loopspec_jax.heads import dflash
 from loopspec_jax.heads import eagle
 from loopspec_jax.heads import medusa
 from loopspec_jax.heads import mtp
@@ -18,6 +19,7 @@ ENVELOPES = {
     "medusa": dict(tree_nodes=6, branch=2),
     "eagle": dict(gamma=3, branch=2, tree_nodes=6),
     "mtp": dict(gamma=2, branch=2),
+    "dflash": dict(gamma=3),  # not in KINDS: its own tests are tests/test_dflash.py
 }
 LOOPS = {"medusa": medusa_decoder, "eagle": eagle_decoder, "mtp": mtp_decoder}
 
@@ -32,6 +34,9 @@ def random_heads(kind: str, model, seed: int = 1) -> artefact.Heads:
     return artefact.Heads(eagle.KIND, eagle.init_params(config, key), config, artefact.target_signature(model))
   if kind == "mtp":
     return mtp.make_heads(model, mtp.init_params(model.config, key), 0.3)
+  if kind == "dflash":
+    config = dflash.head_config(model.config)
+    return artefact.Heads(dflash.KIND, dflash.init_params(config, key), config, artefact.target_signature(model))
   raise ValueError(kind)
 
 

@@ -21,6 +21,7 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding import sampling
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 
@@ -66,6 +67,7 @@ def full_depth_token_step(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy", "random_init"), donate_argnames=("state",))
+@entry.declare(entry.LOOP)
 def decode_loop(
     params, state: DecodeState, sp: common.SamplingParams, *, cfg: ModelConfig, greedy: bool, random_init: bool
 ):
@@ -96,6 +98,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> DecodeState:
   del sp, cfg
   return DecodeState(cache=cache, **common.fresh_counters(tokens, lengths), iterations=jnp.int32(0))

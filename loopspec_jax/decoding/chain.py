@@ -30,6 +30,7 @@ from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.config import ModelConfig
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 
@@ -79,6 +80,7 @@ def _auto_costs(cfg: ModelConfig, d1: int) -> tuple:
 @functools.partial(
     jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init", "auto"), donate_argnames=("state",)
 )
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: ChainState,
@@ -233,6 +235,7 @@ def _round(params, st: ChainState, sp, rc: _Round) -> ChainState:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
   del sp, cfg
   zb = jnp.zeros((tokens.shape[0],), jnp.int32)

@@ -26,6 +26,7 @@ from loopspec_jax.decoding import stops as stop_seqs
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import sharding
 from loopspec_jax.parallel.logical import axes_field
 
@@ -136,6 +137,7 @@ def prompt_noise(sp: SamplingParams, b: int, t: int, cfg: ModelConfig, random_in
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "readout_depths", "total_len", "random_init", "cache_group"))
+@entry.declare(entry.PREFILL)
 def prefill_state(
     params,
     prompt,
@@ -321,7 +323,7 @@ class Decoder:
 
   init(cache, tokens, lengths, sp) -> state; loop(params, state, sp) -> state (one jitted while_loop);
   stats(state) -> DecodeStats of raw counts (decoding/stats.py; timings are filled in by `run_decoder`). Both init and loop may be
-  entries of `sharding.ENTRY_POINTS` taking their further arguments as keywords (`init_kw`, `loop_kw`): static
+  declared entry points (`parallel/entry.py`) taking their further arguments as keywords (`init_kw`, `loop_kw`): static
   settings (cfg, shape, greedy, ...) and, for method='draft', the drafter's parameters (traced, an argument
   kind of the entry point).
   """

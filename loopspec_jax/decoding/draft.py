@@ -49,6 +49,7 @@ from loopspec_jax.decoding.tree import verify as tree_verify
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.models.model import LoopedModel
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 
@@ -145,6 +146,7 @@ def verify_round(
     static_argnames=("cfg", "dcfg", "gamma", "auto", "greedy", "random_init"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.DRAFT_LOOP)
 def decode_loop(
     params,
     state: SpecState,
@@ -223,6 +225,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "dcfg"))
+@entry.declare(entry.DRAFT_INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, dparams, *, cfg: ModelConfig, dcfg: ModelConfig):
   """The loop state: the target cache from the shared prefill; the drafter's cache prefilled here over the
   token buffer [B, T] (positions past each prompt are masked now and overwritten before they are read)."""

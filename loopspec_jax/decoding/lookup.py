@@ -29,6 +29,7 @@ from loopspec_jax.decoding import draft
 from loopspec_jax.decoding.tree import lookup_tree
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 
 DEFAULT_NGRAM = 3
 
@@ -63,6 +64,7 @@ def ngram_drafts(tokens, length, ngram: int, gamma: int):
 @functools.partial(
     jax.jit, static_argnames=("cfg", "ngram", "gamma", "auto", "greedy", "random_init"), donate_argnames=("state",)
 )
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: draft.SpecState,
@@ -89,6 +91,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> draft.SpecState:
   del sp, cfg
   return draft.fresh_state(cache, None, tokens, lengths)

@@ -7,7 +7,8 @@ through flax's logical mapping, and heads a mesh axis does not divide are laid o
 (`place`, `shard_params`, `shard_model`; also across processes), gathers what the host reads (`to_host`),
 pads the batch to the data axis (`pad_requests`, `drop_padding`) and runs the decode entry points sharded.
 
-Entry points (`ENTRY_POINTS`: prefill, each method's initial state and decode loop) run as
+Entry points (prefill, each method's initial state and decode loop; each declares its argument kinds where it
+is defined, `@entry.declare(entry.LOOP)` under its jax.jit, see `parallel/entry.py`) run as
 `jax.jit(run_sharded, in_shardings=..., out_shardings=..., donate_argnums=..., static_argnums=...)`, under
 `jax.set_mesh(mesh)`, on inputs placed up front: `entry(fn, mesh)` returns that sharded version of `fn`
 (`fn` itself when mesh is None, so the single-device path is unchanged). The shardings are built at each call
@@ -26,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import types
 from typing import Any, Callable
 
 import jax
@@ -34,6 +34,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh
 import numpy as np
 
+from loopspec_jax.parallel import entry as entry_lib
+from loopspec_jax.parallel.entry import EntryPoint
 from loopspec_jax.parallel import heads
 from loopspec_jax.parallel import rules as rules_lib
 from loopspec_jax.parallel.rules import MeshPlan, PARAM_KINDS, plan, tree_shardings
@@ -152,56 +154,6 @@ def drop_padding(result, n: int):
 # ---------------------------------------------------------------------------------------------------
 # The sharded decode entry points
 # ---------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class EntryPoint:
-  """How one decode entry point runs sharded.
-
-  kinds: the kind of each leading array argument, one of `rules.PARAM_KINDS` ('params': laid out for the
-  static `cfg`; 'draft_params': for `dcfg`), 'state' (declared axes), 'replicated' or a tuple of logical axes (see
-  `rules.tree_axes`); the arguments after them are static (cfg, dcfg, shape, greedy, cache_group, ...).
-  donate: indices (among the array arguments) of the donated ones. out: the index of the argument whose
-  shardings the output keeps (a decode loop: state in, state out; the host reads it, so `to_host`), or the
-  kind of the output, or a tuple of the kinds of its elements (shardings read off its abstract value).
-  """
-
-  kinds: tuple
-  donate: tuple = ()
-  out: Any = "state"
-
-
-_TOKENS, _LENGTHS = ("batch", "length"), ("batch",)
-_INIT = EntryPoint(("state", _TOKENS, _LENGTHS, "state"), donate=(0, 1))  # (cache, tokens, lengths, sp) -> state
-_LOOP = EntryPoint(("params", "state", "state"), donate=(1,), out=1)  # (params, state, sp) -> state
-# method='draft': the drafter's parameters follow the usual arguments; its KV cache is in the state.
-_DRAFT_INIT = dataclasses.replace(_INIT, kinds=_INIT.kinds + ("draft_params",))
-_DRAFT_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("draft_params",))
-# The head methods (medusa, eagle, mtp, dflash): the head's parameters follow the usual arguments, replicated (a head is
-# small beside the target: a block and the LM head at most).
-_HEAD_LOOP = dataclasses.replace(_LOOP, kinds=_LOOP.kinds + ("replicated",))
-_DECODING = "loopspec_jax.decoding"
-# "module.function" -> its EntryPoint (read-only: an entry point is declared here, once).
-ENTRY_POINTS = types.MappingProxyType(
-    {
-        f"{_DECODING}.common.prefill_state": EntryPoint(("params", _TOKENS, _LENGTHS, "state"), out=("state", _TOKENS)),
-        f"{_DECODING}.autoregressive.initial_state": _INIT,
-        f"{_DECODING}.autoregressive.decode_loop": _LOOP,
-        f"{_DECODING}.chain.initial_state": _INIT,
-        f"{_DECODING}.chain.decode_loop": _LOOP,
-        f"{_DECODING}.loopspec.state.initial_state": _INIT,
-        f"{_DECODING}.loopspec.tick.decode_loop": _LOOP,
-        f"{_DECODING}.draft.initial_state": _DRAFT_INIT,
-        f"{_DECODING}.draft.decode_loop": _DRAFT_LOOP,
-        f"{_DECODING}.lookup.initial_state": _INIT,  # lookup: the same argument kinds as chain's
-        f"{_DECODING}.lookup.decode_loop": _LOOP,
-        # The tree decoders (tree/verify.py's TreeState, a drafter's own state in its `extra`): chain's kinds.
-        f"{_DECODING}.tree.self_spec.initial_state": _INIT,
-        f"{_DECODING}.tree.self_spec.decode_loop": _LOOP,
-        f"{_DECODING}.tree.lookahead.initial_state": _INIT,
-        f"{_DECODING}.tree.lookahead.decode_loop": _LOOP,
-        **{f"{_DECODING}.tree.{m}.initial_state": _INIT for m in ("medusa", "eagle", "mtp", "dflash")},
-        **{f"{_DECODING}.tree.{m}.decode_loop": _HEAD_LOOP for m in ("medusa", "eagle", "mtp", "dflash")},
-    }
-)
 _N_STATIC = 4  # run_sharded's static arguments: (fn, static keyword items, parameter layouts, mesh plan)
 
 
@@ -209,12 +161,21 @@ def entry_name(fn) -> str:
   return f"{fn.__module__}.{fn.__name__}"
 
 
+def is_entry_point(fn) -> bool:
+  """Whether `fn` declares how it runs sharded (`entry.declare`), i.e. runs on a mesh."""
+  return entry_lib.declared(fn) is not None
+
+
 def entry_point(fn) -> EntryPoint:
-  """The EntryPoint declared for `fn` (a jitted decode function or its Python function)."""
-  name = entry_name(fn)
-  if name not in ENTRY_POINTS:
-    raise KeyError(f"{name} is not a sharded decode entry point ({sorted(ENTRY_POINTS)})")
-  return ENTRY_POINTS[name]
+  """The EntryPoint `fn` (a jitted decode function or its Python function) declares where it is defined
+  (`@entry.declare(...)` under its jax.jit); a KeyError naming it when it declares none."""
+  ep = entry_lib.declared(fn)
+  if ep is None:
+    raise KeyError(
+        f"{entry_name(fn)} is not a sharded decode entry point: declare one with "
+        "@loopspec_jax.parallel.entry.declare(...) under its jax.jit"
+    )
+  return ep
 
 
 def _lay_out(x, layout, mesh_plan: MeshPlan):
@@ -324,8 +285,8 @@ def program(fn, mesh, *args, **kwargs) -> Program:
 
 
 def entry(fn, mesh, rules=None):
-  """`fn` (one of ENTRY_POINTS) when mesh is None, else its sharded version with the same signature: each
-  call builds its `program` (shardings from the arguments' shapes) and runs it."""
+  """`fn` (a declared entry point, `entry.declare`) when mesh is None, else its sharded version with the same
+  signature: each call builds its `program` (shardings from the arguments' shapes) and runs it."""
   if mesh is None:
     return fn
   mesh_plan = plan(mesh, rules)

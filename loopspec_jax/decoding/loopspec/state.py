@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import common
 from loopspec_jax.models import kvcache
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 PROP_RESTART, PROP_FIRST, PROP_SECOND = 0, 1, 2  # how a lane's token was proposed (also a commit's source)
@@ -242,6 +243,7 @@ def default_capacity(r: int, d1: int, d2: Optional[int]) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy"))
+@entry.declare(entry.INIT)
 def initial_state(
     cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape, greedy: bool
 ) -> LoopSpecState:

@@ -39,6 +39,7 @@ from loopspec_jax.decoding.loopspec.state import (
 )
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 
 
 class Advanced(NamedTuple):
@@ -412,6 +413,7 @@ def make_tick(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy", "random_init"), donate_argnames=("state",))
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: LoopSpecState,

@@ -46,6 +46,7 @@ from loopspec_jax.heads import dflash as F
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
 
@@ -145,6 +146,7 @@ def verify_chain_round(params, st: tv.TreeState, sp, drafts, q, n_max, *, cfg, d
 @functools.partial(
     jax.jit, static_argnames=("cfg", "depths", "gamma", "greedy", "random_init"), donate_argnames=("state",)
 )
+@entry.declare(entry.HEAD_LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -182,6 +184,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gamma", "n_layers"))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, n_layers: int):
   del sp
   b, t = tokens.shape

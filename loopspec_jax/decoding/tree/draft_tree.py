@@ -49,6 +49,7 @@ from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 
 ACCEPT_GUESS = 0.7
 DEFAULTS = {"gamma": 5, "branch": 3, "tree_nodes": 24}
@@ -210,6 +211,7 @@ def catch_up(dparams, dcache, tokens, p0, width: int, dlayout, dcfg: ModelConfig
     static_argnames=("cfg", "dcfg", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.DRAFT_LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -258,6 +260,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "dcfg"))
+@entry.declare(entry.DRAFT_INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, dparams, *, cfg: ModelConfig, dcfg: ModelConfig):
   """The loop state: the target cache from the shared prefill, the drafter's cache prefilled over the prompt."""
   del sp, cfg

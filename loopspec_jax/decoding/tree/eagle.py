@@ -41,6 +41,7 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
 
@@ -139,6 +140,7 @@ def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tre
     static_argnames=("cfg", "feature", "depths", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.HEAD_LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -185,6 +187,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gamma", "width"))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, width: int):
   del sp
   b, t = tokens.shape

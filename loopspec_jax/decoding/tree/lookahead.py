@@ -36,6 +36,7 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"window": 5, "ngram": 4, "guesses": 5}
@@ -122,6 +123,7 @@ def jacobi_update(la: LookaheadState, tokens, p0, y, n_commit, live) -> Lookahea
     static_argnames=("cfg", "window", "ngram", "guesses", "greedy", "random_init"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -162,6 +164,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "window", "ngram"))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig, window: int, ngram: int) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths, initial_extra(tokens, lengths, window, ngram))

@@ -27,6 +27,7 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 
 MAX_CANDIDATES = 16
 
@@ -95,6 +96,7 @@ def build_tree(root, drafts, found, n_max) -> tv.Tree:
     static_argnames=("cfg", "ngram", "gamma", "candidates", "greedy", "random_init"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -134,6 +136,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths)

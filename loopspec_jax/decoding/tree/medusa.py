@@ -41,6 +41,7 @@ from loopspec_jax.heads import artefact
 from loopspec_jax.heads import medusa as heads_lib
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"tree_nodes": 16, "branch": 4}
@@ -110,6 +111,7 @@ def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> Me
 @functools.partial(
     jax.jit, static_argnames=("cfg", "branch", "tree_nodes", "greedy", "random_init"), donate_argnames=("state",)
 )
+@entry.declare(entry.HEAD_LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -153,6 +155,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
   del sp
   b = tokens.shape[0]

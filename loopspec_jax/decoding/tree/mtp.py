@@ -34,6 +34,7 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
 
@@ -71,6 +72,7 @@ def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, 
 @functools.partial(
     jax.jit, static_argnames=("cfg", "gamma", "branch", "greedy", "random_init"), donate_argnames=("state",)
 )
+@entry.declare(entry.HEAD_LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -113,6 +115,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
   del sp
   b = tokens.shape[0]

@@ -42,6 +42,7 @@ from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
 
 DEFAULTS = {"d1": 2, "gamma": 6, "branch": 4, "tree_nodes": 32}
 SHAPES = ("dynamic", "sequoia")  # EAGLE-2's tree from this round's scores / Sequoia's static optimum
@@ -183,6 +184,7 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
     static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init", "shape"),
     donate_argnames=("state",),
 )
+@entry.declare(entry.LOOP)
 def decode_loop(
     params,
     state: tv.TreeState,
@@ -225,6 +227,7 @@ def decode_loop(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
+@entry.declare(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths)
