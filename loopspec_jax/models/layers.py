@@ -31,13 +31,13 @@ def _padded(rows: int, cols: int, itemsize: int) -> int:
 def compact(x, *, weight: bool = False):
   """x pinned, on a TPU, to the layout the TPU compiler gives such an array as a program argument: of its two
   minor axes, the one whose tiles pad least on the lanes (the last, XLA's default, on a tie). A KV buffer
-  [.., T, D] with D = 96 or 64: positions on the lanes; an embedding [V, E] or a down projection [F, E] with
-  E = 5280: V or F on the lanes. Pinned where a loop reads (or writes) it, the loop keeps the argument's
-  layout, where unpinned the compiler may carry the array in the layout one product prefers and relay it out
-  into a whole copy outside the loop (the cache: 12.4 GiB for Huginn-0125 at 2048) or, where another product
-  (a `lax.switch` branch) prefers another, inside it. `weight`: pin on a tie too (a weight's argument layout
-  is the default then; a KV buffer's may permute further, so a tie leaves it free). A no-op on other backends
-  (the pin exists only in a TPU lowering)."""
+  [.., T, D] with D = 96 or 64: positions on the lanes; a down projection [L, F, E] with E = 5280: F on the
+  lanes. Pinned where a loop writes (or reads) it, the loop keeps the argument's layout, where unpinned the
+  compiler may carry the array in the layout one product prefers and relay it out into a whole copy outside
+  the loop (the cache: 12.4 GiB for Huginn-0125 at 2048) or, where a `lax.switch` branch prefers another,
+  copy it inside the loop (LoopSpec's KV blocks and layer stacks). `weight`: pin on a tie too (a weight's
+  argument layout is the default then; a KV buffer's may permute further, so a tie leaves it free). A no-op
+  on other backends (the pin exists only in a TPU lowering)."""
   if x.ndim < 2:
     return x
   n, (a, b) = x.ndim, x.shape[-2:]

@@ -117,7 +117,7 @@ def cast_params(params, dtype):
 # pre / core_step / post
 # ---------------------------------------------------------------------------------------------------
 def embed(params, tokens, cfg: ModelConfig):
-  x = jnp.take(layers.compact(params["embed"], weight=True), tokens, axis=0)
+  x = jnp.take(params["embed"], tokens, axis=0)
   if cfg.embed_scale != 1.0:
     x = x * jnp.asarray(cfg.embed_scale, x.dtype)
   return x
@@ -150,7 +150,7 @@ def random_state_noise(key, shape, cfg: ModelConfig):
 def core_step(params, s, e, pos, self_mask, ctx_fn, cfg: ModelConfig):
   """One application of the shared recurrent block (the step index only picks the cache slots)."""
   if cfg.is_raven:
-    x = jnp.concatenate([s, e.astype(s.dtype)], axis=-1) @ layers.compact(params["adapter"], weight=True)
+    x = jnp.concatenate([s, e.astype(s.dtype)], axis=-1) @ params["adapter"]
     return layers.run_stack(params["core"], x, pos, self_mask, ctx_fn, cfg)
   x, k, v = layers.run_stack(params["core"], s, pos, self_mask, ctx_fn, cfg)
   return layers.rms_norm(x, params["final_norm"], cfg.norm_eps), k, v
@@ -196,15 +196,10 @@ def final_features(params, hidden, cfg: ModelConfig):
 
 
 def lm_head(params, x, cfg: ModelConfig):
-  """float32 logits [..., V] of final features x [..., E] (a tied head reads the embedding [V, E] as stored;
-  `layers.compact`: on a TPU in the layout the compiler gives it as an argument, not a relaid-out copy)."""
+  """float32 logits [..., V] of final features x [..., E] (a tied head reads the embedding [V, E] as stored)."""
   if cfg.tie_embeddings:
-    return jnp.einsum(
-        "...e,ve->...v", x, layers.compact(params["embed"], weight=True), preferred_element_type=jnp.float32
-    )
-  return jnp.einsum(
-      "...e,ev->...v", x, layers.compact(params["lm_head"], weight=True), preferred_element_type=jnp.float32
-  )
+    return jnp.einsum("...e,ve->...v", x, params["embed"], preferred_element_type=jnp.float32)
+  return jnp.einsum("...e,ev->...v", x, params["lm_head"], preferred_element_type=jnp.float32)
 
 
 def readout_logits(params, hidden, cfg: ModelConfig):
