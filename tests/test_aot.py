@@ -88,3 +88,55 @@ def test_loop_copies_counts_only_kv_buffers_in_while_bodies():
   hlo = jax.jit(loop).lower(buf, row).compile().as_text()
   assert aot.loop_copies(hlo, 16 * 8, 16) >= 1
   assert aot.loop_copies(hlo, 16 * 8, 99) == 0  # no buffer of that cache length
+
+
+def _attend_loop(pin):
+  """A decode-like loop over eight layers of KV slots [1, H, T, D] (Huginn's 55 heads of 96): each iteration a query per
+  head attends to each slot and writes one position, through `pin` (kvcache.stored or the identity)."""
+  jnp = jax.numpy
+
+  def loop(w, caches, x):
+    def body(c):
+      i, x, caches = c
+      new = []
+      for k, v in caches:
+        q = (x @ w).reshape(1, 55, 96)
+        sc = jnp.einsum("bhd,bhtd->bht", q, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(jnp.where(jnp.arange(k.shape[2]) < i, sc, -1e30), -1).astype(v.dtype)
+        x = x + jnp.einsum("bht,bhtd->bhd", p, v).reshape(1, -1)
+        put = lambda buf: pin(jax.lax.dynamic_update_slice(buf, q[:, :, None].astype(buf.dtype), (0, 0, i, 0)))
+        new.append((put(k), put(v)))
+      return i + 1, x, tuple(new)
+
+    return jax.lax.while_loop(lambda c: c[0] < 8, body, (0, x, caches))
+
+  return loop
+
+
+@needs_tpu
+def test_kv_pin_keeps_the_loop_in_the_arguments_layout():
+  """Unpinned, the TPU compiler carries [.., T, 96] slots with the head dim on the lanes (padded to 128) and
+  relays every slot out into temporaries before the loop; pinned (kvcache.stored), no temporaries."""
+  from loopspec_jax.models import kvcache  # noqa: PLC0415
+
+  mesh = aot.target_mesh(aot.parse_target(TARGET))
+  sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  s = lambda shape: jax.ShapeDtypeStruct(shape, jax.numpy.bfloat16, sharding=sh)
+  slot = (1, 55, 2048, 96)
+  args = (s((5280, 5280)), tuple((s(slot), s(slot)) for _ in range(8)), s((1, 5280)))
+  temp = {}
+  for name, pin in (("none", lambda b: b), ("stored", kvcache.stored)):
+    c = jax.jit(_attend_loop(pin), donate_argnums=(1,)).lower(*args).compile()
+    temp[name] = c.memory_analysis().temp_size_in_bytes
+    assert aot.loop_copies(c.as_text(), 55 * 2048 * 96, 2048) == 0
+  slot_bytes = 55 * 2048 * 96 * 2
+  assert temp["none"] >= 16 * slot_bytes  # the 16 slots relaid out (padded)
+  assert temp["stored"] < slot_bytes, temp
+
+
+def test_kv_pin_is_a_no_op_off_tpu():
+  from loopspec_jax.models import kvcache  # noqa: PLC0415
+
+  x = jax.numpy.zeros((1, 4, 32, 8))
+  hlo = jax.jit(lambda b: kvcache.stored(b) * 2).lower(x).compile().as_text()
+  assert "layout" not in hlo.lower().replace("entry_computation_layout", "") and "copy" not in hlo

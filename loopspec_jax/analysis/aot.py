@@ -284,13 +284,17 @@ def loop_copies(hlo: str, slot_elements: int, cache_len: int) -> int:
 
 def _on_chip_results(hlo: str) -> set:
   """Names of the moves between memory spaces: instructions whose (first) result has a memory space `S(n)`
-  in its layout, and copy-starts with either side (their first two results) in one (an eviction from
-  on-chip memory back to HBM is a move too)."""
-  out = set()
-  for m in re.finditer(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(\(?[a-z0-9]+\[[^=]*?)\s([\w\-]+)\(", hlo, re.M):
+  in its layout, copy-starts with either side (their first two results) in one (an eviction from on-chip
+  memory back to HBM is a move too), and copies whose operand has one (the same eviction, written as a plain
+  copy: at tiny sizes a scatter runs in on-chip memory and its result is copied out to the loop's buffer)."""
+  out, spaced = set(), set()
+  pattern = r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(\(?[a-z0-9]+\[[^=]*?)\s([\w\-]+)\(%?([\w.\-]*)"
+  for m in re.finditer(pattern, hlo, re.M):
     layouts = re.findall(r"\]\{([^}]*)\}", m.group(2))
     sides = layouts[:2] if m.group(3) == "copy-start" else layouts[:1]
-    if any("S(" in x for x in sides):
+    if any("S(" in x for x in layouts[:1]):
+      spaced.add(m.group(1))
+    if any("S(" in x for x in sides) or (m.group(3) == "copy" and m.group(4) in spaced):
       out.add(m.group(1))
   return out
 

@@ -13,12 +13,43 @@ from typing import Callable, Sequence
 
 import flax.struct
 import jax
+from jax.experimental.layout import Layout, with_layout_constraint
 import jax.numpy as jnp
 
 from loopspec_jax.config import ModelConfig
 
 NEG_INF = -1e30
 UNROLL_LAYERS = 0
+
+
+def _padded(rows: int, cols: int, itemsize: int) -> int:
+  """Elements of a [rows, cols] array in TPU tiles: 128 lanes by 8 32-bit sublanes (16 of bf16)."""
+  sub = 8 * max(1, 4 // itemsize)
+  return -(-rows // sub) * sub * (-(-cols // 128) * 128)
+
+
+def compact(x, *, weight: bool = False):
+  """x pinned, on a TPU, to the layout the TPU compiler gives such an array as a program argument: of its two
+  minor axes, the one whose tiles pad least on the lanes (the last, XLA's default, on a tie). A KV buffer
+  [.., T, D] with D = 96 or 64: positions on the lanes; a down projection [L, F, E] with E = 5280: F on the
+  lanes. Pinned where a loop writes (or reads) it, the loop keeps the argument's layout, where unpinned the
+  compiler may carry the array in the layout one product prefers and relay it out into a whole copy outside
+  the loop (the cache: 12.4 GiB for Huginn-0125 at 2048) or, where a `lax.switch` branch prefers another,
+  copy it inside the loop (LoopSpec's KV blocks and layer stacks). `weight`: pin on a tie too (a weight's
+  argument layout is the default then; a KV buffer's may permute further, so a tie leaves it free). A no-op
+  on other backends (the pin exists only in a TPU lowering)."""
+  if x.ndim < 2:
+    return x
+  n, (a, b) = x.ndim, x.shape[-2:]
+  swapped, default = _padded(b, a, x.dtype.itemsize), _padded(a, b, x.dtype.itemsize)
+  if swapped < default:
+    order = tuple(range(n - 2)) + (n - 1, n - 2)
+  elif weight:
+    order = tuple(range(n))
+  else:
+    return x
+  pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=order))
+  return jax.lax.platform_dependent(x, tpu=pin, default=lambda y: y)
 
 
 def rms_norm(x, w, eps, count=None):
@@ -170,7 +201,8 @@ class LayerViews:
   Slicing the stack outside a `lax.while_loop` hands the loop each layer as its own loop input, which the TPU
   compiler materialises as a copy of every weight matrix (7.5 GB of temporaries for Huginn-0125); a static
   slice inside the body feeds the product in place. A pytree (its child is the stacked dict), so it passes
-  through loop carries and closures like the stack itself.
+  through loop carries and closures like the stack itself. The stack is read in its argument layout on a
+  TPU (`compact`): a `lax.switch` branch whose products prefer another layout would otherwise copy it.
   """
 
   stack: dict
@@ -179,7 +211,7 @@ class LayerViews:
     return jax.tree_util.tree_leaves(self.stack)[0].shape[0]
 
   def __getitem__(self, l: int) -> dict:
-    return jax.tree_util.tree_map(lambda x: x[l], self.stack)
+    return jax.tree_util.tree_map(lambda x: (compact(x, weight=True) if x.ndim == 3 else x)[l], self.stack)
 
   def __iter__(self):
     return (self[l] for l in range(len(self)))

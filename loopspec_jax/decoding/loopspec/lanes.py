@@ -103,7 +103,7 @@ def grouped_attend(prefix, spec, prefix_mask, anc_rows, cfg: ModelConfig):
   Returns attend(q [B, G*W, H, D], k, v [B, G*W, KV, D]) -> [B, G*W, H*D]. The queries are transposed (they
   are small) so that both big operands are read in place by canonical batched dots (batch dims G, B, KV).
   """
-  pk, pv = prefix
+  pk, pv = (kvcache.stored(x) for x in prefix)  # read in the layout the loop keeps the block (on a TPU)
   sk, sv = spec
   g, _, kvh, t, d = pk.shape
   scale = 1.0 / math.sqrt(d)
@@ -181,7 +181,9 @@ def commit_entries(cache: kvcache.KVCache, spec, root, pos) -> kvcache.KVCache:
         buf = jax.lax.dynamic_update_slice(buf, entry, (i, 0, pos[i], 0))
     return buf
 
-  moved = lambda dst, src, lead: tuple(tuple(move(d, s, lead) for d, s in zip(dp, sp)) for dp, sp in zip(dst, src))
+  moved = lambda dst, src, lead: tuple(
+      tuple(kvcache.stored(move(d, s, lead)) for d, s in zip(dp, sp)) for dp, sp in zip(dst, src)
+  )
   return cache.replace(
       prelude=moved(cache.prelude, spec.prelude, False),
       core=moved(cache.core, spec.core, True),
