@@ -203,13 +203,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
           "draft_layer_calls": draft_rows,
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
       totals=reached,
   )
 

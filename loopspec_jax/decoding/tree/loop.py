@@ -15,6 +15,7 @@ from closures over those static settings and calls `run` inside its trace, so th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import jax
@@ -59,6 +60,13 @@ def verify_sampled(params, st, sp, proposal, *, replacement: bool, rule: str, gr
   return (specinfer.verify_round(params, st, sp, tree, q, replacement=replacement, rule=rule, **kw),)
 
 
+def sampled_verify(drafts: str) -> Callable:
+  """The `Drafter.verify` of sampled drafts: drafts "sample" / "distinct" (children drawn with / without
+  replacement, multi-step verification) or "kseq" (i.i.d. children, K-SEQ)."""
+  rule = "kseq" if drafts == "kseq" else "specinfer"
+  return functools.partial(verify_sampled, replacement=drafts != "distinct", rule=rule)
+
+
 def run(
     params, state: tv.TreeState, sp: common.SamplingParams, drafter: Drafter, *, cfg: ModelConfig, greedy, random_init
 ):
@@ -93,3 +101,22 @@ def run(
 def state_only(fn: Callable) -> Callable:
   """A `draft` from fn(params, st, sp) -> proposal that leaves the drafter's state alone."""
   return lambda params, st, sp: (st, fn(params, st, sp))
+
+
+def per_request(st: tv.TreeState) -> dict:
+  """The per-request counts of a tree decoder's statistics [B] each: rounds, accepted draft nodes, verified
+  nodes, tokens first emitted (the accepted drafts) and restarts (the rest: a round's bonus tokens)."""
+  return {
+      "rounds": st.rounds,
+      "accepted": st.accepted,
+      "nodes": st.nodes,
+      "first": st.accepted,
+      "restart": st.n_new - st.accepted,
+  }
+
+
+def full_depth_figures(stats) -> dict:
+  """`tv.tree_figures` of a drafter that runs no recurrent steps of its own: tokens per R core steps = tau."""
+  out = tv.tree_figures(stats)
+  out["tokens_per_r_steps"] = out["tau"]
+  return out

@@ -166,13 +166,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, num_heads: int, branch: int, t
           "draft_layer_calls": head_layer_calls(cfg, num_heads),
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
@@ -246,6 +240,4 @@ class Medusa(HeadMethod):
 
   @classmethod
   def derived(cls, stats) -> dict:
-    out = tv.tree_figures(stats)
-    out["tokens_per_r_steps"] = out["tau"]
-    return out
+    return tl.full_depth_figures(stats)

@@ -117,13 +117,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, branch: int):
           "draft_layer_calls": gamma,  # one block (and the LM head) per level, one row
           "verify_layer_calls": (1 + gamma * branch) * adaptive.layer_calls(cfg, r, coda=bool(coda)),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
@@ -191,6 +185,4 @@ class MTP(HeadMethod):
 
   @classmethod
   def derived(cls, stats) -> dict:
-    out = tv.tree_figures(stats)
-    out["tokens_per_r_steps"] = out["tau"]
-    return out
+    return tl.full_depth_figures(stats)
