@@ -39,13 +39,13 @@ from loopspec_jax.decoding import common
 from loopspec_jax.decoding import draft as D
 from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.tree.eagle import level_acceptance
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import dflash as F
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
@@ -143,44 +143,53 @@ def verify_chain_round(params, st: tv.TreeState, sp, drafts, q, n_max, *, cfg, d
 # ---------------------------------------------------------------------------------------------------
 # The loop, the stats and the Method
 # ---------------------------------------------------------------------------------------------------
+def draft(hp, params, st: tv.TreeState, sp, *, cfg, gamma: int, greedy: bool):
+  """The round's chain proposal (drafts [B, G], q [B, G, V], n_max [B]: the drafts the round may accept)."""
+  n_max = D.offered(st, sp, jnp.full(st.length.shape, gamma, jnp.int32))
+  drafts, q = propose(hp, params, st, sp, cfg=cfg, gamma=gamma, greedy=greedy)
+  return st, (drafts, q, n_max)
+
+
+def verify_chain(params, st: tv.TreeState, sp, proposal, *, cfg, greedy, random_init, features, **_):
+  """`verify_chain_round` as a `Drafter.verify`: (state, n_acc, raw features, n_max)."""
+  drafts, q, n_max = proposal
+  st, n_acc, raw = verify_chain_round(
+      params, st, sp, drafts, q, n_max, cfg=cfg, depths=features, greedy=greedy, random_init=random_init
+  )
+  return st, n_acc, raw, n_max
+
+
+def after_verify(hp, st: tv.TreeState, new, outputs, *, cfg, gamma: int) -> DFlashState:
+  """The accepted chain's context written into the drafter's cache; the draft and acceptance counts."""
+  n_acc, raw, n_max = outputs
+  p0, live = st.length - 1, ~st.done
+  pos = p0[:, None] + jnp.arange(gamma + 1)[None, :]
+  fs = write_context(hp, new.extra, raw, pos, jnp.arange(gamma + 1)[None, :] <= n_acc[:, None], cfg)
+  return fs.replace(
+      drafted=fs.drafted + jnp.where(live, n_max, 0),
+      examined=fs.examined + jnp.where(live, n_acc + (n_acc < n_max), 0),
+      hist=fs.hist + jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * live[:, None],
+  )
+
+
 @functools.partial(
     jax.jit, static_argnames=("cfg", "depths", "gamma", "greedy", "random_init"), donate_argnames=("state",)
 )
 @entry.declare(entry.HEAD_LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    head_params,
-    *,
-    cfg: ModelConfig,
-    depths: tuple,
-    gamma: int,
-    greedy: bool,
-    random_init: bool,
-):
-  """The prompt's context, then rounds of (one drafter pass, one verify pass) until every request is done."""
-  params = M.prepare_params(params, cfg)
+def decode_loop(params, state: tv.TreeState, sp, head_params, *, cfg: ModelConfig, depths, gamma, greedy, random_init):
+  """The prompt's context, then rounds of (one drafter pass, one verify pass of the chain) until all are done."""
   hp = head_params
-  state = prologue(params, hp, state, sp, cfg=cfg, depths=depths, random_init=random_init)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    p0, live = st.length - 1, ~st.done
-    n_max = D.offered(st, sp, jnp.full(p0.shape, gamma, jnp.int32))
-    drafts, q = propose(hp, params, st, sp, cfg=cfg, gamma=gamma, greedy=greedy)
-    st, n_acc, raw = verify_chain_round(
-        params, st, sp, drafts, q, n_max, cfg=cfg, depths=depths, greedy=greedy, random_init=random_init
-    )
-    pos = p0[:, None] + jnp.arange(gamma + 1)[None, :]
-    fs = write_context(hp, st.extra, raw, pos, jnp.arange(gamma + 1)[None, :] <= n_acc[:, None], cfg)
-    fs = fs.replace(
-        drafted=fs.drafted + jnp.where(live, n_max, 0),
-        examined=fs.examined + jnp.where(live, n_acc + (n_acc < n_max), 0),
-        hist=fs.hist + jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * live[:, None],
-    )
-    return st.replace(extra=fs)
-
-  return common.loop_until_done(round_, state, sp)
+  prime = functools.partial(prologue, hp=hp, cfg=cfg, depths=depths, random_init=random_init)
+  drafter = tl.Drafter(
+      draft=functools.partial(draft, hp, cfg=cfg, gamma=gamma, greedy=greedy),
+      max_depth=gamma,
+      features=depths,
+      prime=lambda params, st, sp: prime(params, st=st, sp=sp).extra,
+      verify=verify_chain,
+      after_verify=functools.partial(after_verify, hp, cfg=cfg, gamma=gamma),
+      mask_done=False,  # the drafter's cache of a done row is never read again; the counts mask themselves
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gamma", "n_layers"))

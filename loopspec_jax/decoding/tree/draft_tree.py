@@ -45,7 +45,7 @@ from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.passes import append_level, full_pass, run_level
 from loopspec_jax.decoding import sampling
-from loopspec_jax.decoding.tree import specinfer
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -206,57 +206,44 @@ def catch_up(dparams, dcache, tokens, p0, width: int, dlayout, dcfg: ModelConfig
   return logits[:, -1:], dcache
 
 
+def draft(dparams, params, st: tv.TreeState, sp, *, dcfg, dlayout, shape, gamma: int, branch: int, sample, repl):
+  """The drafter catches up on the committed tokens (its KV cache: st.extra) and expands the static tree."""
+  del params
+  p0 = st.length - 1
+  logits0, dcache = catch_up(dparams, st.extra, st.tokens, p0, gamma + 1, dlayout, dcfg)
+
+  def run(lvl, toks, past, pm):  # the root is in the drafter's cache: past and pm cover levels >= 1
+    pm = pm[:, :, 1:]
+    return run_level(dparams, dcache, dlayout, toks, p0 + 1, lvl - 1, past, pm, dcfg.recurrence, dcfg, None)
+
+  root = st.tokens[jnp.arange(p0.shape[0]), p0]
+  tree, q = expand(
+      shape, root, logits0, run, None, sp, draft_keys(sp, p0), branch=branch, sample=sample, replacement=repl
+  )
+  return st.replace(extra=dcache), ((tree, q) if sample else tree)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "dcfg", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 @entry.declare(entry.DRAFT_LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    dparams,
-    *,
-    cfg: ModelConfig,
-    dcfg: ModelConfig,
-    gamma: int,
-    branch: int,
-    tree_nodes: int,
-    drafts: str,
-    greedy: bool,
-    random_init: bool,
-):
+def decode_loop(params, state, sp, dparams, *, cfg, dcfg, gamma, branch, tree_nodes, drafts, greedy, random_init):
   """Rounds of (the drafter expands a static tree, one full-depth target pass verifies it) until all are done.
   state.extra is the drafter's KV cache; drafts: one of DRAFTS (greedy decoding always takes "topk")."""
-  params = M.prepare_params(params, cfg)
   dparams = M.prepare_params(dparams, dcfg)
-  layout, dlayout = kvcache.CacheLayout.of(cfg, 1), kvcache.CacheLayout.of(dcfg, 1)
+  sample, repl = drafts != "topk" and not greedy, drafts != "distinct"
   shape = static_shape(gamma, branch, tree_nodes)
-  sample = drafts != "topk" and not greedy
-  repl = drafts != "distinct"
-  rule = "kseq" if drafts == "kseq" else "specinfer"
-  vkw = dict(cfg=cfg, layout=layout, readouts=((cfg.recurrence, 0),), max_depth=gamma, random_init=random_init)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    p0 = st.length - 1
-    bi = jnp.arange(p0.shape[0])
-    logits0, dcache = catch_up(dparams, st.extra, st.tokens, p0, gamma + 1, dlayout, dcfg)
-
-    def run(lvl, toks, past, pm):  # the root is in the drafter's cache: past and pm cover levels >= 1
-      pm = pm[:, :, 1:]
-      return run_level(dparams, dcache, dlayout, toks, p0 + 1, lvl - 1, past, pm, dcfg.recurrence, dcfg, None)
-
-    keys = draft_keys(sp, p0)
-    tree, q = expand(
-        shape, st.tokens[bi, p0], logits0, run, None, sp, keys, branch=branch, sample=sample, replacement=repl
-    )
-    st = st.replace(extra=dcache)
-    if sample:
-      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, rule=rule, **vkw)
-    return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
-
-  return common.loop_until_done(round_, state, sp)
+  dlayout = kvcache.CacheLayout.of(dcfg, 1)
+  drafter = tl.Drafter(
+      draft=functools.partial(
+          draft, dparams, dcfg=dcfg, dlayout=dlayout, shape=shape, gamma=gamma, branch=branch, sample=sample, repl=repl
+      ),
+      max_depth=gamma,
+      verify=tl.sampled_verify(drafts) if sample else tv.verify_round,
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "dcfg"))
@@ -286,13 +273,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, dcfg: ModelConfig, settings: d
           "draft_layer_calls": draft_rows * adaptive.layer_calls(dcfg, dcfg.recurrence),
           "verify_layer_calls": (1 + settings["tree_nodes"]) * adaptive.layer_calls(cfg, cfg.recurrence),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 

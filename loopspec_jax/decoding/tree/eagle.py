@@ -36,10 +36,10 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import self_spec
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
-from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
@@ -135,6 +135,20 @@ def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tre
 # ---------------------------------------------------------------------------------------------------
 # The loop, the stats and the Method
 # ---------------------------------------------------------------------------------------------------
+def draft(hp, params, st: tv.TreeState, sp, *, cfg, feature, gamma, branch, tree_nodes):
+  """The head's tree; the head's state advanced by drafting (its KV cache) goes on in st.extra."""
+  del sp
+  tree, hs = draft_tree(params, hp, st, cfg=cfg, feature=feature, gamma=gamma, branch=branch, tree_nodes=tree_nodes)
+  return st.replace(extra=hs), tree
+
+
+def after_verify(st: tv.TreeState, new, outputs, *, gamma: int) -> HeadState:
+  """The accepted path's features for the next round, its first position, the acceptance histogram."""
+  hs, live = new.extra, ~st.done
+  hist = hs.hist + (jax.nn.one_hot(new.accepted - st.accepted, gamma + 1, dtype=jnp.int32) * live[:, None])
+  return hs.replace(feat=outputs[-1].astype(hs.feat.dtype), q0=st.length - 1, hist=hist)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "feature", "depths", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
@@ -142,48 +156,20 @@ def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tre
 )
 @entry.declare(entry.HEAD_LOOP)
 def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    head_params,
-    *,
-    cfg: ModelConfig,
-    feature: str,
-    depths: tuple,
-    gamma: int,
-    branch: int,
-    tree_nodes: int,
-    greedy: bool,
-    random_init: bool,
+    params, state, sp, head_params, *, cfg, feature, depths, gamma, branch, tree_nodes, greedy, random_init
 ):
   """The prompt's head features, then rounds of (draft a tree with the head, verify it) until all are done."""
-  params = M.prepare_params(params, cfg)
-  hp = head_params
-  layout = kvcache.CacheLayout.of(cfg, 1)
-  state = prologue(params, hp, state, sp, cfg=cfg, feature=feature, depths=depths, random_init=random_init)
-  envelope = dict(gamma=gamma, branch=branch, tree_nodes=tree_nodes)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    p0, live, accepted = st.length - 1, ~st.done, st.accepted
-    tree, hs = draft_tree(params, hp, st, cfg=cfg, feature=feature, **envelope)
-    st, _, _, feats = tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((cfg.recurrence, 0),),
-        max_depth=gamma,
-        greedy=greedy,
-        random_init=random_init,
-        features=verify_features(feature, depths),
-    )
-    n_acc = st.accepted - accepted
-    hist = hs.hist + (jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * live[:, None])
-    return st.replace(extra=hs.replace(feat=feats.astype(hs.feat.dtype), q0=p0, hist=hist))
-
-  return common.loop_until_done(round_, state, sp)
+  hp, envelope = head_params, dict(gamma=gamma, branch=branch, tree_nodes=tree_nodes)
+  prime = functools.partial(prologue, hp=hp, cfg=cfg, feature=feature, depths=depths, random_init=random_init)
+  drafter = tl.Drafter(
+      draft=functools.partial(draft, hp, cfg=cfg, feature=feature, **envelope),
+      max_depth=gamma,
+      features=verify_features(feature, depths),
+      prime=lambda params, st, sp: prime(params, st=st, sp=sp).extra,
+      after_verify=functools.partial(after_verify, gamma=gamma),
+      mask_done=False,  # the features and first position of done rows are never read again
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gamma", "width"))
@@ -220,13 +206,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
           "draft_layer_calls": draft_rows,
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
       totals=reached,
   )
 

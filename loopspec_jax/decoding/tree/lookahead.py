@@ -33,9 +33,8 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.method import Method
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel.logical import axes_field
 
@@ -118,49 +117,35 @@ def jacobi_update(la: LookaheadState, tokens, p0, y, n_commit, live) -> Lookahea
 # ---------------------------------------------------------------------------------------------------
 # The loop, the stats and the Method
 # ---------------------------------------------------------------------------------------------------
+def draft(params, st: tv.TreeState, sp, *, guesses: int):
+  """The window and pool n-grams below the root as one tree."""
+  del params, sp
+  root = st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1]
+  return st, build_tree(root, st.extra, guesses)
+
+
+def after_verify(st: tv.TreeState, new, outputs) -> LookaheadState:
+  """The Jacobi and pool update from the target's draws y at every node (live rows only: its own mask)."""
+  del new
+  y, n_commit = outputs
+  return jacobi_update(st.extra, st.tokens, st.length - 1, y, n_commit, ~st.done)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "window", "ngram", "guesses", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 @entry.declare(entry.LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    *,
-    cfg: ModelConfig,
-    window: int,
-    ngram: int,
-    guesses: int,
-    greedy: bool,
-    random_init: bool,
-):
+def decode_loop(params, state: tv.TreeState, sp, *, cfg: ModelConfig, window, ngram, guesses, greedy, random_init):
   """Rounds of (window + pool n-grams as one tree, one full-depth verify pass, Jacobi and pool update)."""
-  params = M.prepare_params(params, cfg)
-  layout = kvcache.CacheLayout.of(cfg, 1)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    b = st.tokens.shape[0]
-    p0 = st.length - 1
-    root = st.tokens[jnp.arange(b), p0]
-    tree = build_tree(root, st.extra, guesses)
-    live = ~st.done
-    new, y, n_commit = tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((cfg.recurrence, 0),),
-        max_depth=max(window, ngram - 1),
-        greedy=greedy,
-        random_init=random_init,
-    )
-    return new.replace(extra=jacobi_update(st.extra, st.tokens, p0, y, n_commit, live))
-
-  return common.loop_until_done(round_, state, sp)
+  drafter = tl.Drafter(
+      draft=functools.partial(draft, guesses=guesses),
+      max_depth=max(window, ngram - 1),
+      after_verify=after_verify,
+      mask_done=False,
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "window", "ngram"))
@@ -199,13 +184,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, window: int, ngram: int, guess
           "draft_layer_calls": 0,
           "verify_layer_calls": (1 + window + guesses * (ngram - 1)) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
@@ -245,6 +224,4 @@ class Lookahead(Method):
 
   @classmethod
   def derived(cls, stats) -> dict:
-    out = tv.tree_figures(stats)
-    out["tokens_per_r_steps"] = out["tau"]
-    return out
+    return tl.full_depth_figures(stats)

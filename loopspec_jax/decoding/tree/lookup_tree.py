@@ -24,9 +24,8 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 
 MAX_CANDIDATES = 16
@@ -91,48 +90,24 @@ def build_tree(root, drafts, found, n_max) -> tv.Tree:
   )
 
 
+def draft(params, st: tv.TreeState, sp, *, ngram: int, gamma: int, candidates: int):
+  """C n-gram continuations of the committed text below the root as one tree."""
+  del params
+  drafts, found = pick_candidates(st.tokens, st.length, ngram, gamma, candidates)
+  n_max = jnp.where(st.done, 0, jnp.minimum(gamma, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
+  return st, build_tree(st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1], drafts, found, n_max)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "ngram", "gamma", "candidates", "greedy", "random_init"),
     donate_argnames=("state",),
 )
 @entry.declare(entry.LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    *,
-    cfg: ModelConfig,
-    ngram: int,
-    gamma: int,
-    candidates: int,
-    greedy: bool,
-    random_init: bool,
-):
+def decode_loop(params, state: tv.TreeState, sp, *, cfg: ModelConfig, ngram, gamma, candidates, greedy, random_init):
   """Rounds of (C n-gram continuations as one tree, one full-depth verify pass) until every request is done."""
-  params = M.prepare_params(params, cfg)
-  layout = kvcache.CacheLayout.of(cfg, 1)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    b = st.tokens.shape[0]
-    p0 = st.length - 1
-    drafts, found = pick_candidates(st.tokens, st.length, ngram, gamma, candidates)
-    n_max = jnp.where(st.done, 0, jnp.minimum(gamma, jnp.maximum(sp.max_new - st.n_new - 1, 0)))
-    tree = build_tree(st.tokens[jnp.arange(b), p0], drafts, found, n_max)
-    return tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((cfg.recurrence, 0),),
-        max_depth=gamma,
-        greedy=greedy,
-        random_init=random_init,
-    )[0]
-
-  return common.loop_until_done(round_, state, sp)
+  drafter = tl.Drafter(draft=functools.partial(draft, ngram=ngram, gamma=gamma, candidates=candidates), max_depth=gamma)
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -165,13 +140,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, ngram: int, gamma, gamma_max: 
           "draft_layer_calls": 0,
           "verify_layer_calls": (1 + candidates * gamma_max) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.tree.head_method import HeadMethod, check_kind
 from loopspec_jax.decoding.tree.self_spec import select
@@ -108,50 +109,34 @@ def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> Me
   return MedusaState(feature=jnp.where(ex.ready[:, None], ex.feature, feat), ready=jnp.ones_like(ex.ready))
 
 
+def draft(hparams, params, st: tv.TreeState, sp, *, branch: int, tree_nodes: int):
+  """The heads' tree from h_a (the last accepted node's final feature) below the root."""
+  del params, sp
+  root = st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1]
+  return st, build_tree(hparams, st.extra.feature, root, branch=branch, tree_nodes=tree_nodes)
+
+
+def after_verify(st: tv.TreeState, new, outputs) -> MedusaState:
+  """h_a of the last accepted node; live rows only (the loop's mask)."""
+  del new
+  return st.extra.replace(feature=outputs[-1].astype(jnp.float32))
+
+
 @functools.partial(
     jax.jit, static_argnames=("cfg", "branch", "tree_nodes", "greedy", "random_init"), donate_argnames=("state",)
 )
 @entry.declare(entry.HEAD_LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    hparams,
-    *,
-    cfg: ModelConfig,
-    branch: int,
-    tree_nodes: int,
-    greedy: bool,
-    random_init: bool,
-):
+def decode_loop(params, state: tv.TreeState, sp, hparams, *, cfg: ModelConfig, branch, tree_nodes, greedy, random_init):
   """Rounds of (the heads' tree from h_a, one full-depth verify pass, h_a of the last accepted node)."""
-  params = M.prepare_params(params, cfg)
   layout = kvcache.CacheLayout.of(cfg, 1)
-  k = hparams["w"].shape[0]
-  state = state.replace(extra=prime(params, state, sp, cfg=cfg, layout=layout, random_init=random_init))
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    b = st.tokens.shape[0]
-    root = st.tokens[jnp.arange(b), st.length - 1]
-    tree = build_tree(hparams, st.extra.feature, root, branch=branch, tree_nodes=tree_nodes)
-    new, _, _, feat = tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((cfg.recurrence, 0),),
-        max_depth=k,
-        greedy=greedy,
-        random_init=random_init,
-        last_feature="final",
-    )
-    live = ~st.done
-    feature = jnp.where(live[:, None], feat.astype(jnp.float32), st.extra.feature)
-    return new.replace(extra=st.extra.replace(feature=feature))
-
-  return common.loop_until_done(round_, state, sp)
+  drafter = tl.Drafter(
+      draft=functools.partial(draft, hparams, branch=branch, tree_nodes=tree_nodes),
+      max_depth=hparams["w"].shape[0],
+      last_feature="final",
+      prime=functools.partial(prime, cfg=cfg, layout=layout, random_init=random_init),
+      after_verify=after_verify,
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -184,13 +169,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, num_heads: int, branch: int, t
           "draft_layer_calls": head_layer_calls(cfg, num_heads),
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
@@ -264,6 +243,4 @@ class Medusa(HeadMethod):
 
   @classmethod
   def derived(cls, stats) -> dict:
-    out = tv.tree_figures(stats)
-    out["tokens_per_r_steps"] = out["tau"]
-    return out
+    return tl.full_depth_figures(stats)

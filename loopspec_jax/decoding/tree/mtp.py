@@ -29,11 +29,10 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import adaptive
 from loopspec_jax.decoding import common
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
-from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
 from loopspec_jax.parallel.logical import axes_field
@@ -69,49 +68,33 @@ def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, 
   return tv.Tree(tokens=cat(toks), parent=cat(parents), depth=cat(depths), valid=valid)
 
 
+def draft(mparams, params, st: tv.TreeState, sp, *, cfg: ModelConfig, gamma: int, branch: int):
+  """The round's tree from the root (the last committed token) and the last accepted feature."""
+  del sp
+  root = st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1]
+  return st, draft_tree(mparams, params, st.extra.feature, st.extra.has, root, cfg=cfg, gamma=gamma, branch=branch)
+
+
+def after_verify(st: tv.TreeState, new, outputs) -> MTPState:
+  """The feature of the last accepted node (the next round's root's parent); live rows only (the loop's mask)."""
+  del new
+  feat = outputs[-1]
+  return MTPState(feat.astype(st.extra.feature.dtype), jnp.ones_like(st.extra.has))
+
+
 @functools.partial(
     jax.jit, static_argnames=("cfg", "gamma", "branch", "greedy", "random_init"), donate_argnames=("state",)
 )
 @entry.declare(entry.HEAD_LOOP)
-def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    mparams,
-    *,
-    cfg: ModelConfig,
-    gamma: int,
-    branch: int,
-    greedy: bool,
-    random_init: bool,
-):
+def decode_loop(params, state: tv.TreeState, sp, mparams, *, cfg: ModelConfig, gamma, branch, greedy, random_init):
   """Rounds of (MTP drafts from the last accepted feature, one full-depth verify pass) until all are done."""
-  params = M.prepare_params(params, cfg)
-  layout = kvcache.CacheLayout.of(cfg, 1)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    b = st.tokens.shape[0]
-    p0 = st.length - 1
-    root = st.tokens[jnp.arange(b), p0]
-    feature, has = st.extra.feature, st.extra.has
-    tree = draft_tree(mparams, params, feature, has, root, cfg=cfg, gamma=gamma, branch=branch)
-    new, _, _, feat = tv.verify_round(
-        params,
-        st,
-        sp,
-        tree,
-        cfg=cfg,
-        layout=layout,
-        readouts=((cfg.recurrence, 0),),
-        max_depth=gamma,
-        greedy=greedy,
-        random_init=random_init,
-        last_feature="hidden",
-    )
-    live = ~st.done
-    return new.replace(extra=MTPState(jnp.where(live[:, None], feat.astype(feature.dtype), feature), has | live))
-
-  return common.loop_until_done(round_, state, sp)
+  drafter = tl.Drafter(
+      draft=functools.partial(draft, mparams, cfg=cfg, gamma=gamma, branch=branch),
+      max_depth=gamma,
+      last_feature="hidden",
+      after_verify=after_verify,
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -137,13 +120,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, branch: int):
           "draft_layer_calls": gamma,  # one block (and the LM head) per level, one row
           "verify_layer_calls": (1 + gamma * branch) * adaptive.layer_calls(cfg, r, coda=bool(coda)),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
@@ -211,6 +188,4 @@ class MTP(HeadMethod):
 
   @classmethod
   def derived(cls, stats) -> dict:
-    out = tv.tree_figures(stats)
-    out["tokens_per_r_steps"] = out["tau"]
-    return out
+    return tl.full_depth_figures(stats)

@@ -38,10 +38,9 @@ from loopspec_jax.decoding.method import Method
 from loopspec_jax.decoding.passes import append_level, run_level
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import sequoia
-from loopspec_jax.decoding.tree import specinfer
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 
 DEFAULTS = {"d1": 2, "gamma": 6, "branch": 4, "tree_nodes": 32}
@@ -179,6 +178,16 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
 # ---------------------------------------------------------------------------------------------------
 # The loop, the stats and the Method
 # ---------------------------------------------------------------------------------------------------
+def draft(params, st: tv.TreeState, sp, *, cfg, layout, envelope: dict, drafts: str, sample: bool, shape):
+  """The round's tree from the depth-d1 readout (with sample: (tree, q) of sampled drafts); see `decode_loop`."""
+  args = (params, st.cache, layout, st.tokens, st.length - 1, sp)
+  if sample:
+    return st, draft_static(*args, cfg=cfg, **envelope, shape=shape, replacement=drafts != "distinct")
+  if shape is not None:
+    return st, draft_static(*args, cfg=cfg, **envelope, shape=shape, sample=False)[0]
+  return st, draft_tree(*args, cfg=cfg, **envelope)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init", "shape"),
@@ -186,44 +195,24 @@ def select(tokens, score, parent, depth, tree_nodes: int) -> tv.Tree:
 )
 @entry.declare(entry.LOOP)
 def decode_loop(
-    params,
-    state: tv.TreeState,
-    sp: common.SamplingParams,
-    *,
-    cfg: ModelConfig,
-    d1: int,
-    gamma: int,
-    branch: int,
-    tree_nodes: int,
-    drafts: str,
-    greedy: bool,
-    random_init: bool,
-    shape: Optional[dt.Shape] = None,
+    params, state, sp, *, cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts, greedy, random_init, shape=None
 ):
   """Rounds of (draft a tree from the depth-d1 readout, verify it in one full-depth pass) until all are done.
   drafts (ignored when greedy) "sample" / "distinct": a static tree of children drawn with / without
   replacement and the matching multi-step verification; "kseq": i.i.d. children verified by K-SEQ; "topk": the EAGLE-2 tree of `draft_tree`, or with a
   static `shape` (Sequoia's) the top-rank tokens at its nodes."""
-  params = M.prepare_params(params, cfg)
-  layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
   envelope = dict(d1=d1, gamma=gamma, branch=branch, tree_nodes=tree_nodes, random_init=random_init)
-
-  vkw = dict(cfg=cfg, layout=layout, readouts=((d1, 0), (cfg.recurrence, 1)), max_depth=gamma, random_init=random_init)
-
-  def round_(st: tv.TreeState) -> tv.TreeState:
-    p0 = st.length - 1
-    args = (params, st.cache, layout, st.tokens, p0, sp)
-    if drafts != "topk" and not greedy:
-      repl, rule = drafts != "distinct", "kseq" if drafts == "kseq" else "specinfer"
-      tree, q = draft_static(*args, cfg=cfg, **envelope, shape=shape, replacement=repl)
-      return specinfer.verify_round(params, st, sp, tree, q, replacement=repl, rule=rule, **vkw)
-    if shape is not None:
-      tree = draft_static(*args, cfg=cfg, **envelope, shape=shape, sample=False)[0]
-    else:
-      tree = draft_tree(*args, cfg=cfg, **envelope)
-    return tv.verify_round(params, st, sp, tree, greedy=greedy, **vkw)[0]
-
-  return common.loop_until_done(round_, state, sp)
+  sample = drafts != "topk" and not greedy
+  layout = kvcache.CacheLayout.of(cfg, 2)  # coda caches for readouts at d1 (index 0) and R (index 1)
+  drafter = tl.Drafter(
+      draft=functools.partial(
+          draft, cfg=cfg, layout=layout, envelope=envelope, drafts=drafts, sample=sample, shape=shape
+      ),
+      max_depth=gamma,
+      readouts=((d1, 0), (cfg.recurrence, 1)),
+      verify=tl.sampled_verify(drafts) if sample else tv.verify_round,
+  )
+  return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -268,13 +257,7 @@ def summarize(
           "draft_layer_calls": draft_rows * adaptive.layer_calls(cfg, d1),
           "verify_layer_calls": (1 + tree_nodes) * (adaptive.layer_calls(cfg, r) + coda),
       },
-      per_request={
-          "rounds": st.rounds,
-          "accepted": st.accepted,
-          "nodes": st.nodes,
-          "first": st.accepted,
-          "restart": st.n_new - st.accepted,
-      },
+      per_request=tl.per_request(st),
   )
 
 
