@@ -246,7 +246,7 @@ def test_demo_auto_row_adds_runs_whose_picks_differ(monkeypatch):
       2: (methods.Lookup(gamma=2), methods.Lookup(gamma=2)),
   }
 
-  def forced_plan(model, prompts, max_new_tokens, greedy, auto, run=None, curve=None):
+  def forced_plan(model, prompts, max_new_tokens, greedy, auto, run=None, curve=None, sampling=None):
     first, second = picks[len(prompts[0]) if curve is None else len(prompts[0]) - auto.replan]
     m = first if curve is None else second
     curve = {"beta": 1.0, "alpha": 1.0, "source": "forced"}
