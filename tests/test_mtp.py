@@ -66,6 +66,7 @@ def test_greedy_equals_ar(contraction, kw):
   assert got.stats["method"] == "mtp"
 
 
+@pytest.mark.slow  # ~20 s; test_bundled_greedy_and_sampled_equal_ar decodes sampled MTP against AR by default
 def test_sampled_equals_ar_and_traces_once():
   model = tiny_model(NAME, 0.05)
   kw = dict(temperature=1.0, top_k=20, heads=random_heads(model), gamma=2, branch=2)
