@@ -8,6 +8,7 @@ names with an explicit package list (checked here against the tree, so a new sub
 
 import configparser
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -66,9 +67,13 @@ def test_repository_layout():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-  out = tmp_path_factory.mktemp("wheel")
+  """The wheel built from a copy of the checkout without its build outputs (setuptools builds in the source
+  tree, so a stale build/ of a used checkout would leak old files into a wheel built in place)."""
+  out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "checkout"
+  skip = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "build", "dist", "*.egg-info", "results", "__pycache__")
+  shutil.copytree(ROOT, src, ignore=skip)
   subprocess.run(
-      [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), ROOT],
+      [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
       check=True,
       capture_output=True,
       timeout=600,
