@@ -124,11 +124,10 @@ def generate(
   if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
   stops = _stop_sequences(model, stop)
-  greedy = float(temperature) == 0.0
   random_init = init_state == "random"
   method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
   method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
-  sampling = common.Sampling(temperature, top_k, top_p, seed, eos_id, stops or None)
+  sampling = common.Sampling(temperature, top_k, top_p, seed, eos_id, stops)
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
   run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
   # `run(spec, budget)` is this call with `budget` new tokens (the planner's probe); 'auto' (methods.Auto) is

@@ -98,11 +98,6 @@ def run(
   return common.loop_until_done(round_, state, sp)
 
 
-def state_only(fn: Callable) -> Callable:
-  """A `draft` from fn(params, st, sp) -> proposal that leaves the drafter's state alone."""
-  return lambda params, st, sp: (st, fn(params, st, sp))
-
-
 def per_request(st: tv.TreeState) -> dict:
   """The per-request counts of a tree decoder's statistics [B] each: rounds, accepted draft nodes, verified
   nodes, tokens first emitted (the accepted drafts) and restarts (the rest: a round's bonus tokens)."""
