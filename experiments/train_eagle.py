@@ -145,7 +145,7 @@ fed-back features from level 2 on) equals the target's argmax at that position.
 |---|---|---|
 {rows}
 
-Check figure (tests/test_eagle.py reproduces it): on the first {check_windows} held-out windows the bundled
+Check figure (tests/decoding/tree/test_eagle.py reproduces it): on the first {check_windows} held-out windows the bundled
 head's top-1 accuracy per level is {check_text}.
 """
 

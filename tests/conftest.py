@@ -1,5 +1,7 @@
-"""pytest configuration. Shared test helpers live in tests/helpers.py (`import helpers`); the package itself is
-pip-installed (`pip install -e .`), so nothing here touches sys.path.
+"""pytest configuration. Tests sit in folders mirroring the package (tests/decoding/tree/test_eagle.py tests
+loopspec_jax/decoding/tree/eagle.py; the top-level modules' tests and the repository's rules in tests/ itself).
+Shared test helpers live in tests/helpers.py (`import helpers`: pytest's default import mode puts this folder
+on sys.path with this file); the package itself is pip-installed (`pip install -e .`).
 
 One persistent jax compilation cache per test run: the first process that compiles a program (an xdist worker,
 or a test that builds fresh jits of programs another test already compiled) writes the executable to a fresh
@@ -11,7 +13,7 @@ cache in that folder (not removed).
 
 XLA compiles the tests' programs without LLVM's expensive optimisations (`FAST_COMPILE_FLAGS`, appended to
 any XLA_FLAGS given): the tiny models' programs run in microseconds either way, and compiling is most of the
-suite's time (a third less with these flags: tests/test_stats.py + test_methods.py 51 s -> 34 s). Every
+suite's time (a third less with these flags: tests/decoding/test_stats.py + test_methods.py 51 s -> 34 s). Every
 comparison a test makes is between programs compiled alike in one run; `LOOPSPEC_TEST_FAST_COMPILE=off`
 compiles as a user's program does.
 """

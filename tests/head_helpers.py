@@ -19,7 +19,7 @@ ENVELOPES = {
     "medusa": dict(tree_nodes=6, branch=2),
     "eagle": dict(gamma=3, branch=2, tree_nodes=6),
     "mtp": dict(gamma=2, branch=2),
-    "dflash": dict(gamma=3),  # not in KINDS: its own tests are tests/test_dflash.py
+    "dflash": dict(gamma=3),  # not in KINDS: its own tests are tests/decoding/tree/test_dflash.py
 }
 LOOPS = {"medusa": medusa_decoder, "eagle": eagle_decoder, "mtp": mtp_decoder}
 

@@ -501,7 +501,7 @@ def run_workers(test_file: str, names, xla_flags: str, timeout_s: float) -> dict
       os.environ,
       XLA_FLAGS=xla_flags,
       JAX_PLATFORMS="cpu",
-      PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+      PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]),
   )
   tmp = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(test_file))[0] + "-")
   procs = {}

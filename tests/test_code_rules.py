@@ -142,3 +142,20 @@ def test_results_hold_data_not_code():
   """Run folders under results/ hold data and a README with the command; scripts live in scripts/."""
   code = sorted(str(p.relative_to(ROOT)) for ext in ("*.py", "*.sh") for p in (ROOT / "results").rglob(ext))
   assert not code, f"move these to scripts/ (scripts/README.md): {code}"
+
+
+def test_tests_mirror_the_package():
+  """Each test file sits in tests/ (the top-level modules, the repository's own rules) or in the folder of the
+  package part it tests (tests/decoding/tree/ for loopspec_jax/decoding/tree/, tests/experiments/ for
+  experiments/); basenames are unique, as pytest's default import mode needs (tests/ has no __init__.py)."""
+  tests = ROOT / "tests"
+  files = sorted(tests.rglob("test_*.py"))
+  homes = {p.parent.relative_to(tests) for p in files} - {pathlib.Path(".")}
+  strays = sorted(
+      str(h)
+      for h in homes
+      if not (ROOT / "loopspec_jax" / h).is_dir() and not (h.parts[0] == "experiments" and len(h.parts) == 1)
+  )
+  assert not strays, f"test folders with no package folder of that name: {strays}"
+  names = [p.name for p in files]
+  assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})

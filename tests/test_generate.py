@@ -2,7 +2,7 @@
 trace counts, and the `experiments/generate.py` script.
 
 Prompts stay within one length bucket (<= 16 tokens, max_new_tokens=16: prompt bucket 16, cache 32) and batch
-sizes 1 and 2, the shapes tests/test_fixtures.py also uses, so a joint pytest run compiles each program once.
+sizes 1 and 2, the shapes tests/models/test_fixtures.py also uses, so a joint pytest run compiles each program once.
 """
 
 import io

@@ -130,7 +130,7 @@ argmax (teacher-forced prefix) and the greedy accepted length per block (the run
 |---|---|
 {rows}
 
-Check figures (tests/test_dflash_train.py reproduces them): the first {check["windows"]} windows,
+Check figures (tests/heads/test_dflash_train.py reproduces them): the first {check["windows"]} windows,
 {check["blocks"]} blocks, accepted length {check["accepted"]:.4f}.
 Decoding acceptance on held-out GSM8K / MATH-500 prompts: docs/dflash.md (Figure 4).
 """

@@ -7,7 +7,7 @@ k is `data.batch_at(corpus, k, seed=...)` and any randomness of step k (EAGLE's 
 (seed, k): a function of (seed, k) only. Orbax checkpoints of {head params, opt state, step} in `workdir`
 every `save_every` steps (and at the last) make a rerun continue exactly where the last one stopped: a run
 stopped after N steps and restarted ends with the same parameters, optimizer state and losses as one run
-straight through (tests/test_heads_train.py).
+straight through (tests/heads/test_heads_train.py).
 """
 
 from __future__ import annotations

@@ -122,6 +122,6 @@ fraction of positions t whose argmax equals the token it predicts.
 |---|---|
 {accuracy_rows(ev["accuracy"])}
 
-On the first {ev["test_windows"]} windows only (recomputed by tests/test_medusa.py):
+On the first {ev["test_windows"]} windows only (recomputed by tests/decoding/tree/test_medusa.py):
 {", ".join(f"{a:.4%}" for a in ev["test_accuracy"])} (LM head, heads 0..{k - 1}).
 """

@@ -41,7 +41,7 @@ from loopspec_jax.parallel import rules as rules_lib
 from loopspec_jax.parallel.rules import MeshPlan, PARAM_KINDS, plan, tree_shardings
 
 # Re-exported: the names of rules.py / heads.py that callers read as `sharding.X` (experiments/plan_memory.py,
-# api.py, tests/test_head_padding.py, tests/test_plan_memory.py). New code imports those modules.
+# api.py, tests/parallel/test_head_padding.py, tests/experiments/test_plan_memory.py). New code imports those modules.
 MESH_AXES, RULES = rules_lib.MESH_AXES, rules_lib.RULES
 per_device_bytes, shard_shape, tree_specs = rules_lib.per_device_bytes, rules_lib.shard_shape, rules_lib.tree_specs
 base_config, pad_params, padded_config = heads.base_config, heads.pad_params, heads.padded_config

@@ -6,7 +6,7 @@ nothing through its zero rows of wo; OLMo's full-width q/k norms average over th
 
 In-process (one device): the layouts chosen for the real configs, and for every family the logits of the
 padded model equal the unpadded ones (a control without the q/k-norm correction differs). On 8 simulated
-devices (a subprocess, as in tests/test_sharding.py): a tiny Huginn-style model with 3 heads gives the
+devices (a subprocess, as in tests/parallel/test_sharding.py): a tiny Huginn-style model with 3 heads gives the
 unsharded greedy tokens for AR, chain and LoopSpec on (1, 8) (3 -> 8 heads, parameters padded inside the
 programs) and on (2, 4) (3 -> 4, parameters placed padded by `shard_params`, as `load(..., mesh=)` does), its
 KV caches are sharded over 'model' (one head per device on (1, 8)), and the compiled SPMD HLO of its AR loop

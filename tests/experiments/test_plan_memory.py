@@ -1,7 +1,7 @@
 """experiments/plan_memory.py: per-device totals equal the summed eval_shape trees laid out by the rules.
 
 Everything here is abstract (eval_shape, no allocation), so planning 8 devices runs on one CPU. The same
-totals are compared with real sharded arrays on 8 simulated devices in tests/test_sharding.py.
+totals are compared with real sharded arrays on 8 simulated devices in tests/parallel/test_sharding.py.
 """
 
 import math

@@ -9,7 +9,7 @@ tau is deterministic (no timing, no sampling): one verify pass more or fewer ove
 at least 0.029 (lookahead's 46 passes), about 3 x TAU_TOL, so the tolerance only absorbs the rounding of the
 recorded decimals. The figures were recorded on the date and
 host the file names (results/drafter_acceptance/2026-12-06/README.md); re-record with
-`python tests/test_drafter_acceptance.py --record` after an intended change of a drafter, and say why in the
+`python tests/decoding/tree/test_drafter_acceptance.py --record` after an intended change of a drafter, and say why in the
 commit.
 """
 
@@ -86,7 +86,7 @@ def record() -> None:
   import jax
 
   out = {
-      "what": "greedy tau of each bundled drafter, tests/test_drafter_acceptance.py",
+      "what": "greedy tau of each bundled drafter, tests/decoding/tree/test_drafter_acceptance.py",
       "prompts": list(TEXTS),
       "max_new_tokens": NEW,
       "jax": jax.__version__,

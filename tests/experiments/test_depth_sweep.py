@@ -31,7 +31,9 @@ from loopspec_experiments import sweep
 from loopspec_experiments import sweep_grid
 from loopspec_experiments import sweep_stats
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the notebook is notebooks/ of the checkout
+_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the notebook is notebooks/ of the checkout
 
 
 def numpy_model(spec: str, contraction: float, seed: int = 0):

@@ -10,7 +10,7 @@ import pytest
 
 from loopspec_jax.parallel import distributed
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 V5E16 = {"NAME": "ls-test", "ZONE": "us-west4-a", "ACCELERATOR": "v5litepod-16", "KEEP": "0", "EXISTING": "0"}

@@ -7,7 +7,7 @@
 - Bad shape / accept arguments are refused before compiling.
 - Greedy output equals AR token for token; sampled output with top-rank drafts (drafts="topk") equals AR's
   sampled output for the same seed, one compile of the loop (slow); drafts="sample" with the Sequoia shape is
-  chi-square tested in tests/test_tree_sampled.py ("tree-sequoia", slow).
+  chi-square tested in tests/decoding/tree/test_tree_sampled.py ("tree-sequoia", slow).
 """
 
 import itertools

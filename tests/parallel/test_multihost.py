@@ -25,7 +25,7 @@ from loopspec_configs import multihost as multihost_config
 from loopspec_experiments import multihost_check
 from loopspec_jax.parallel import distributed
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LOCAL = os.path.join(_ROOT, "launch", "local.sh")
 # Outputs are compared within one compiler setting (each process's own one-device reference, and the single-
 # process run of the slow test use the same flags), so the faster-compiling codegen flags cannot hide a difference.

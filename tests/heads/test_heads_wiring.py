@@ -2,7 +2,7 @@
 kind or one trained for another target is refused by `generate` (and the serving engine) before anything
 compiles; specs name the head (a bundled one by its name) and parse back; loopspec-bench's table and the sweep's
 rows take them by spec (with tau, tokens per verify pass). No decoding here: the slow tests of their output
-are in tests/test_heads_serving.py and tests/test_methods_mesh.py.
+are in tests/serving/test_heads_serving.py and tests/parallel/test_methods_mesh.py.
 """
 
 import dataclasses

@@ -3,7 +3,7 @@ streamed chunks' text concatenates to the final text.
 
 A tiny Huginn-style model with a fake tokenizer whose tokens decode to multi-character pieces
 (server_helpers.PieceTokenizer), so stop strings straddle tokens and device calls; the LoopSpec engine
-configuration of tests/test_serving_engine.py (its compiled loop is reused when both run). Reference: the
+configuration of tests/serving/test_serving_engine.py (its compiled loop is reused when both run). Reference: the
 same request without stop strings, decoded alone by the engine (test_serving_engine shows those equal
 `generate`), cut by the brute-force rule (server_helpers.expected_stop).
 """

@@ -28,7 +28,7 @@ def served():
 @functools.lru_cache(maxsize=None)
 def _solo(prompt: str, n: int) -> tuple:
   """The greedy continuation without stop strings (up to and including an eos), decoded alone by the engine
-  (tests/test_server.py checks that it equals `generate`'s)."""
+  (tests/serving/test_server.py checks that it equals `generate`'s)."""
   model, engine = helpers.tiny_raven_engine(16)
   return tuple(engine.generate(Request(prompt=model.encode(prompt), max_tokens=n)).tokens)
 

@@ -4,7 +4,7 @@
   verification gives exactly p_R (the cascade is exact for ANY q2);
 * greedy: every variant decodes token for token like full-depth AR, skip-free (`lane_capacity="worst"`);
 * sampled: chi-square of one `generate` over 3000 requests against the enumerated AR distribution (the
-  machinery of tests/test_lossless_sampling.py);
+  machinery of tests/decoding/test_lossless_sampling.py);
 * the release's split of first rejections (second-skip / -accept / -reject) adds up, and the release's
   "K:X" spelling and the options' aliases parse.
 """

@@ -3,7 +3,7 @@ self-speculation (and `branch=1` is the chain); bad envelopes or trees too deep 
 refused by `generate` before anything compiles; loopspec-bench's presets and table and the sweep's rows take
 them by spec (with tau, tokens per verify pass).
 
-The tree configuration is the one tests/test_tree.py runs on huginn:tiny (its compile is shared through
+The tree configuration is the one tests/decoding/tree/test_tree.py runs on huginn:tiny (its compile is shared through
 jax's cache when both files run).
 """
 

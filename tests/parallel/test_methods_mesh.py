@@ -13,8 +13,8 @@ with `-m slow` (each pair: 75-125 s of CPU per worker on the 2-core host, the co
 mesh worker also records the shardings of each decode loop's result (requests over 'data', KV heads over
 'model') and the traces and compiles of every sharded program (one each per configuration). The target is
 huginn:tiny (4 heads, R = 8) with random weights; the drafter of 'draft' the target's own weights at R = 1; the
-heads of medusa / eagle / mtp / dflash random (tests/head_helpers.py). tests/test_baselines_mesh.py adds the
-(1, 8) mesh, a drafter whose heads divide no mesh axis, and gamma="auto"; tests/test_sharding.py the four meshes,
+heads of medusa / eagle / mtp / dflash random (tests/head_helpers.py). tests/parallel/test_baselines_mesh.py adds the
+(1, 8) mesh, a drafter whose heads divide no mesh axis, and gamma="auto"; tests/parallel/test_sharding.py the four meshes,
 both families, the parameter layouts and the memory plan for AR, chain and LoopSpec.
 """
 

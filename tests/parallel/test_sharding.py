@@ -237,7 +237,7 @@ def test_parameters_sharded_as_the_rules_say(reports, family):
   h, e, i = cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
   assert shapes["['core']['wq']"] == [cfg.n_core, e, h // model if heads else h]
   assert shapes["['core']['w_gate']"] == [cfg.n_core, e, i // model if mlp else i]
-  # Heads no mesh axis divides are laid out so that they shard (tests/test_head_padding.py): huginn's 4 heads
+  # Heads no mesh axis divides are laid out so that they shard (tests/parallel/test_head_padding.py): huginn's 4 heads
   # zero-padded to 8, ouro's 2 KV heads each stored twice.
   assert mlp == vocab == heads == kv == "model"
   assert (cfg.head_padding, cfg.kv_repeat) == ((4, 1) if family == "huginn" else (0, 2))

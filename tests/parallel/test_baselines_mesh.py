@@ -13,7 +13,7 @@ run sharded). Also: the drafter's parameters and KV cache are sharded over 'mode
 too), and a second call of one configuration does not retrace.
 
 The 8 devices need XLA_FLAGS before jax initialises its backend, so the runs happen in subprocesses (this file
-run as a script with --worker, one per mesh, run at once as in tests/test_sharding.py) that report JSON; every
+run as a script with --worker, one per mesh, run at once as in tests/parallel/test_sharding.py) that report JSON; every
 worker runs with the same flags, so one-device and sharded floats come from the same compiler settings.
 
 The file runs with `-m slow` (three 8-device workers take ~90 s of CPU; the default suite stays near its budget);

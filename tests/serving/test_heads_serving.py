@@ -54,7 +54,7 @@ def test_continuous_batching_equals_solo_generate(kind, tmp_path):
 @pytest.mark.slow  # 62 s on the loaded host (the engine's prefill and init programs)
 def test_engine_takes_the_head_method_by_spec(tmp_path):
   """A spec string with the head's directory builds the method with its head loaded; a foreign head is refused
-  before the decode loop compiles (tests/test_heads_wiring.py has the full set of refusals)."""
+  before the decode loop compiles (tests/heads/test_heads_wiring.py has the full set of refusals)."""
   model = helpers.tiny_model(SPEC)
   path = str(tmp_path / "medusa")
   artefact.save(path, H.random_heads("medusa", model))
