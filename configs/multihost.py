@@ -26,7 +26,7 @@ def get_config(arg=None):
   c.out_dir = "results/multihost"  # process 0 writes multihost.json here
   c.kill_process = config_dict.placeholder(int)  # fault injection: this process SIGKILLs itself ...
   c.kill_after_runs = 0  # ... once this many runs are done (0: before the first); the others must fail, not hang
-  if arg == "quick":  # the default test (tests/test_multihost.py): greedy and sampled LoopSpec, a few tokens
+  if arg == "quick":  # the default test (tests/parallel/test_multihost.py): greedy and sampled LoopSpec, a few tokens
     c.methods = "loopspec:d1=1,d2=2"
     c.max_new_tokens = 4
   elif arg:

@@ -89,7 +89,7 @@ def get_config(arg=None):
     c.methods = list(HEADS_METHODS)
     c.heads_target = {"eagle_tau": 3.0}
     c.out_dir = "results/heads_table/bench"
-  if arg == "heads_quick":  # the default suite's check (tests/test_bench_trees.py): every head method, = AR
+  if arg == "heads_quick":  # the default suite's check (tests/experiments/test_bench_trees.py): every head method, = AR
     c.tasks = ["shakespeare"]
     c.num_prompts = 1
     c.max_new_tokens = 8

@@ -139,7 +139,7 @@ def _tiny_ouro(c, arg):
 
 
 def _ci(c, arg):
-  """tests/test_depth_sweep.py: one task, two configurations, a tiny budget."""
+  """tests/experiments/test_depth_sweep.py: one task, two configurations, a tiny budget."""
   del arg
   c.num_prompts = 1
   c.max_new_tokens = 8

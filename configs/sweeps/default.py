@@ -62,7 +62,7 @@ def get_config(arg=None):
     c.repeats = 1
     c.out_dir = "results/sweep_quick"
     c.depths_json = "results/depths/depths_{task}_{sampling}.json"
-  elif arg == "tiny":  # the test suite's sweep (tests/test_depth_sweep.py): a few compiles on 2 CPU cores
+  elif arg == "tiny":  # the test suite's sweep (tests/experiments/test_depth_sweep.py): a few compiles on 2 CPU cores
     c.model = "random:huginn:tiny"
     c.contraction = 0.7
     c.num_prompts = 1

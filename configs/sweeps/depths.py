@@ -32,7 +32,7 @@ def get_config(arg=None):
   c.include_single = True  # Theorem 2's best feasible pair may be single-proposal (d1, None)
   c.out_dir = "results/depths"
   c.progress = True
-  if arg == "tiny":  # the test suite's run (tests/test_depth_sweep.py)
+  if arg == "tiny":  # the test suite's run (tests/experiments/test_depth_sweep.py)
     c.model = "random:huginn:tiny"
     c.contraction = 0.7
     c.num_prompts = 2
@@ -52,7 +52,9 @@ def get_config(arg=None):
     # Greedy agreement varies most across prompts (a prompt the model continues by rote agrees at every depth):
     # with 24 prompts, tiny-raven mbpp_greedy and tiny-ouro math500 / mbpp / humaneval_greedy have a standard
     # error of 0.03-0.045 at depth 1; num_prompts_by_group = {"mbpp_greedy": 64} here adds prompts (resumable).
-  elif arg == "bundled_ci":  # tests/test_depth_sweep.py: tiny-raven, one GSM8K prompt, 8 tokens (sweeps/bundled.py:ci)
+  elif (
+      arg == "bundled_ci"
+  ):  # tests/experiments/test_depth_sweep.py: tiny-raven, one GSM8K prompt, 8 tokens (sweeps/bundled.py:ci)
     c.model = "tiny-raven"
     c.contraction = None
     c.tasks = "gsm8k"
