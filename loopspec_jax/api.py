@@ -79,25 +79,19 @@ def generate(
     seed: int = 0,
     eos_id: Optional[int] = None,
     init_state: str = "zeros",
-    d1: Optional[int] = None,
-    d2: Optional[int] = None,
-    gamma=None,
-    lane_capacity: Optional[int] = None,
-    gate_mass: Optional[float] = None,
     request_ids=None,
     mesh=None,
     speculate_max_batch: Optional[int] = None,
     sharding_rules=None,
-    draft_model: Optional[LoopedModel] = None,
-    ngram: Optional[int] = None,
     stop=None,
-    **method_kwargs,
+    **method_args,
 ) -> GenerateResult:
   """Decodes `prompts` (lists of token ids) with `method`: a `Method` object (`lj.LoopSpec(d1=2, d2=8)`), or a
-  name or spec string whose arguments come as keywords or in the spec ('ar', 'chain' (d1, gamma; branch > 1
-  and tree_nodes: tree self-speculation, as 'tree'), 'loopspec'
-  (d1, d2, lane_capacity, gate_mass), 'draft' (draft_model, gamma), 'lookup' (ngram, gamma); see
-  `loopspec_jax.methods`). A keyword the method does not take is a ValueError.
+  name or spec string. A method's arguments have one home, its `Method` dataclass: a spec string parses into
+  it ('loopspec:d1=2,d2=8'), and `**method_args` are its fields given as keywords beside a name or spec
+  (`method="loopspec", d1=2, d2=8`; 'chain' d1, gamma, branch, tree_nodes; 'loopspec' d1, d2, lane_capacity,
+  gate_mass; 'draft' draft_model, gamma; 'lookup' ngram, gamma; see `loopspec_jax.methods`). A keyword the
+  method does not take is a ValueError naming it; keywords beside a `Method` object are a ValueError too.
 
   Every method is lossless with respect to full-depth decoding. Returns new tokens per prompt and stats.
   `mesh`: a jax Mesh with axes 'data' (requests) and 'model' (heads, MLP, vocab); the batch is padded to a
@@ -112,8 +106,6 @@ def generate(
   `stop`: stop sequences, each a string (needs the model's tokenizer; its encodings with and without a leading
   space, `decoding.stops.text_stops`) or a list of token ids: a request ends, like at eos, with the first new
   token that completes one (inside the decode loop, also mid-commit; the sequence's tokens are returned).
-  `**method_kwargs`: any other argument of the chosen method (its dataclass fields, e.g. `branch=4,
-  tree_nodes=32` for 'tree'); one the method does not take is a ValueError naming it.
   """
   cfg = model.config
   if max_new_tokens is None or int(max_new_tokens) < 1:
@@ -125,8 +117,6 @@ def generate(
     raise ValueError(f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size})")
   stops = _stop_sequences(model, stop)
   random_init = init_state == "random"
-  method_args = dict(d1=d1, d2=d2, gamma=gamma, lane_capacity=lane_capacity, gate_mass=gate_mass)
-  method_args.update(draft_model=draft_model, ngram=ngram, **method_kwargs)
   sampling = common.Sampling(temperature, top_k, top_p, seed, eos_id, stops)
   call = dict(sampling=sampling, random_init=random_init, request_ids=request_ids, mesh=mesh, rules=sharding_rules)
   run_at = lambda ps, n: functools.partial(_run, model, ps, n, speculate_max_batch=speculate_max_batch, **call)
