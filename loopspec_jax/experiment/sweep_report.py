@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Tuple
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
-from loopspec_experiments import sweep_grid
-from loopspec_experiments.sweep_stats import min_ratio_fields, projection_fields
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment.sweep_stats import min_ratio_fields, projection_fields
 
 
 def pair_str(d1, d2) -> str:
