@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax.analysis import cost
-from loopspec_jax.experiment.prompts import DEMO_PROMPTS
+from loopspec_jax.experiment.prompts import DEMO_PROMPTS, demo_prompt_ids
 from loopspec_jax.experiment.timing import decode_interleaved
 from loopspec_experiments import common
 
@@ -49,13 +49,6 @@ def chosen_depths(model, config) -> tuple:
   if config.d1 is None:
     return common.best_depths(model)
   return int(config.d1), config.d2
-
-
-def prompt_ids(model) -> list:
-  """The demo prompts as token ids (fixed pseudo-prompts for a checkpoint without a tokenizer)."""
-  if model.tokenizer is not None:
-    return [model.encode(p) for p in PROMPTS]
-  return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(PROMPTS))]
 
 
 def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:
@@ -147,7 +140,7 @@ def main(argv):
   print(f"loading {config.model} ...", flush=True)
   model = loopspec_jax.load(config.model)
   d1, d2 = chosen_depths(model, config)
-  prompts = prompt_ids(model)
+  prompts = demo_prompt_ids(model)
   print(f"model: {model.family}, R={model.recurrence}, LoopSpec (d1, d2) = ({d1}, {d2})", flush=True)
   phases = [(name, sampling, demo_runs(config, d1, d2, sampling)) for name, sampling in SETTINGS]
   compile_all(model, prompts[0], phases, max_new_tokens=config.max_new_tokens, workers=config.get("compile_workers", 2))

@@ -17,6 +17,13 @@ DEMO_PROMPTS = [
 ]
 
 
+def demo_prompt_ids(model) -> list:
+  """`DEMO_PROMPTS` as token ids (fixed pseudo-prompts of 12 ids for a checkpoint without a tokenizer)."""
+  if model.tokenizer is not None:
+    return [model.encode(p) for p in DEMO_PROMPTS]
+  return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(DEMO_PROMPTS))]
+
+
 def random_prompts(vocab_size: int, num: int, prompt_len: int, seed: int) -> list:
   """`num` prompts of `prompt_len` token ids drawn uniformly from the vocabulary (numpy RandomState(seed))."""
   rng = np.random.RandomState(seed)
@@ -44,12 +51,13 @@ def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> l
   return out
 
 
-def prompts_for(cfg, task: str, model) -> list:
-  """The prompts of `task` as a depth / sweep config asks for them (count, length, seed, token cut)."""
+def prompts_for(cfg, task: str, model, num_prompts=None) -> list:
+  """The prompts of `task` as a depth / sweep config asks for them (count, length, seed, token cut);
+  `num_prompts` overrides the config's count."""
   return depth_metrics.prepare_prompts(
       task,
       model,
-      cfg.num_prompts,
+      cfg.num_prompts if num_prompts is None else num_prompts,
       max_new_tokens=cfg.max_new_tokens,
       prompt_len=cfg.prompt_len,
       seed=cfg.seed,

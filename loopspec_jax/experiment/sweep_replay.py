@@ -24,12 +24,6 @@ from loopspec_jax.experiment import sweep_report
 from loopspec_jax.experiment import sweep_stats
 
 
-class _Cfg(dict):
-  """A plain dict read like a ConfigDict (attribute access, .get) for prompts_for."""
-
-  __getattr__ = dict.__getitem__
-
-
 def _depth_records(cfg, task: str, prompts: list) -> Dict[int, dict]:
   """Greedy depth-analysis records (index -> record) of `task` whose prompts equal ours, from depths.jsonl."""
   path = cfg.get("depths_jsonl") or ""
@@ -60,9 +54,7 @@ def _depth_records(cfg, task: str, prompts: list) -> Dict[int, dict]:
 def _agreement(cfg, model, task: str, n_prompts: int):
   """The task's first `n_prompts` prompts, greedy agreement bits [R, positions] per prompt, and how many of
   them came from depth records (the rest decoded here with AR)."""
-  sub = dict(cfg.to_dict())
-  sub["num_prompts"] = n_prompts
-  prompts = prompt_sets.prompts_for(_Cfg(sub), task, model)
+  prompts = prompt_sets.prompts_for(cfg, task, model, num_prompts=n_prompts)
   recs = _depth_records(cfg, task, prompts)
   agree = []
   for i, p in enumerate(prompts):

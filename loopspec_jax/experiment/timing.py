@@ -61,6 +61,25 @@ def median_ratio(reference: list, times: list) -> float:
   return statistics.median(a / b for a, b in zip(reference, times))
 
 
+def interleaved(calls: dict, repeats: int, rotate: bool = False) -> dict:
+  """{label: [one result per repeat]} of callables that each time themselves (return seconds): one untimed
+  round first (compiles), then `repeats` (at least 1) rounds calling every callable once in turn, in `calls`'
+  order or, with `rotate`, rotated each round, so a slow spell of a shared machine hits all alike."""
+  labels = list(calls)
+  for label in labels:
+    calls[label]()
+  out = {label: [] for label in labels}
+  for rep in range(max(int(repeats), 1)):
+    for i in rotated(len(labels), rep) if rotate else range(len(labels)):
+      out[labels[i]].append(calls[labels[i]]())
+  return out
+
+
+def medians(results: dict) -> dict:
+  """{label: median} of `interleaved`'s {label: [results]}."""
+  return {label: statistics.median(v) for label, v in results.items()}
+
+
 def release_compiled():
   """Drops every compiled program (`jax.clear_caches`) between groups of a long experiment.
 

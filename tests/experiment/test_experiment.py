@@ -13,6 +13,7 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding.stats import DecodeStats
+from loopspec_jax.experiment import depths
 from loopspec_jax.experiment import files
 from loopspec_jax.experiment import host
 from loopspec_jax.experiment import models
@@ -103,6 +104,10 @@ def test_prompt_sets():
   cut = prompts.load_prompt_set("shakespeare", _text_model(max_len=20), 2, 0, 0)
   assert [len(p) for p in cut] == [min(10, len(p)) for p in full]  # the last max_len // 2 tokens
   assert all(c == f[-len(c) :] for c, f in zip(cut, full))
+  model.tokenizer = "a tokenizer"
+  assert prompts.demo_prompt_ids(model) == prompts.load_prompt_set("demo", model, 4, 0, 0)
+  model.tokenizer = None  # no tokenizer: four fixed pseudo-prompts of 12 ids
+  assert [len(p) for p in prompts.demo_prompt_ids(model)] == [12] * 4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,3 +187,43 @@ def test_decode_interleaved_keeps_each_prompts_median_call(monkeypatch):
   assert out["a"][1]["decode_seconds"] == pytest.approx(0.2) and out["b"][1]["tokens"] == 2
   note = timing.warmup_note(types.SimpleNamespace(stats={"compile_seconds": 1.5}), 2.0)
   assert note == "2.0 s (1.5 s compiling)"
+
+
+def _depth_summary() -> dict:
+  """A depth summary of R = 4 as `depth_metrics.summarize_depths` shapes it."""
+  fit = {"beta": 0.5, "alpha": 1.25, "r2": 0.98, "rmse_log": 0.1}
+  return {
+      "recurrence": 4,
+      "prompts": 2,
+      "positions": 16,
+      "depths": [1, 2, 3, 4],
+      "agreement": [0.5, 0.75, 0.9, 1.0],
+      "agreement_se": [0.05, 0.04, 0.02, 0.0],
+      "mean_tv": [0.4, 0.2, 0.1, 0.0],
+      "mean_kl": [1.0, 0.5, 0.2, 0.0],
+      "fits": {"envelope": dict(fit), "least_squares": dict(fit)},
+      "theorem2": {"optimal_continuous": [1.5, 2.5], "best_feasible": [2, None], "predicted_gamma_bound": 1.8},
+      "meta": {"model": "m", "task": "random", "sampling_name": "greedy"},
+  }
+
+
+def test_depth_tables():
+  s = _depth_summary()
+  assert depths.summary_path("out", "gsm8k", "greedy", "png") == os.path.join("out", "depths_gsm8k_greedy.png")
+  text = depths.format_summary(s, "m / random / greedy")
+  assert text.startswith("## m / random / greedy: 16 positions over 2 prompts")
+  assert "| 2 | 0.750 | 0.2000 | 0.5000 |" in text and "best feasible (2, None)" in text
+  table = depths.fits_markdown([s])
+  assert "agree d=4" in table and "agree d=8" not in table  # only depths every summary has
+  assert "| m | random | greedy | 2 x 8 | 0.500 ± 0.050 |" in table and "| (1.50, 2.50) | (2, -) |" in table
+
+
+def test_interleaved_calls_warm_up_then_take_turns():
+  order = []
+  calls = {k: (lambda k=k: order.append(k) or len(order)) for k in ("a", "b", "c")}
+  out = timing.interleaved(calls, repeats=2)
+  assert order == ["a", "b", "c"] * 3 and out == {"a": [4, 7], "b": [5, 8], "c": [6, 9]}
+  order.clear()
+  out = timing.interleaved(calls, repeats=2, rotate=True)
+  assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a"] and out["a"] == [4, 9]
+  assert timing.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
