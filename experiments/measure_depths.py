@@ -1,13 +1,9 @@
 """Depth analysis: how close each depth's readout is to depth R along full-depth decoded text (the command line
 of loopspec_jax/experiment/depths.py).
 
-For every (task, sampling) of the config: decode each prompt with AR, read out every depth on prompt +
-generated tokens in one jitted forward, and record greedy agreement, TV(p_r, p_R) and KL(p_R || p_r) at the
-generated positions (loopspec_jax/analysis/depth_metrics.py). Per-prompt records are appended to
-<out_dir>/depths.jsonl as they finish, so a rerun skips what is done. Writes per (task, sampling)
-depths_<task>_<sampling>.json (per-depth means with standard errors across prompts, power-law fits with their
-fit quality, Theorem 2's optimum and best feasible pair), depths_<task>_<sampling>.png, and depth_fits.md (one
-table over every (task, sampling) of the run).
+Per (task, sampling) of the config: agreement, TV and KL of every depth against depth R at the generated
+positions, resumable (<out_dir>/depths.jsonl), written as depths_<task>_<sampling>.json / .png and
+depth_fits.md; the library module's docstring has the details.
 
   loopspec-measure-depths                                 # configs/sweeps/depths.py
   loopspec-measure-depths --config=sweeps/depths.py:tiny  # test-sized
