@@ -22,103 +22,21 @@ model tiny-raven-mtp) are rows like any other.
 
 from __future__ import annotations
 
-import os
-import statistics
 import time
 
 from absl import flags
-from absl import logging
-import jax
 from ml_collections import config_flags
-import numpy as np
-from tqdm import tqdm
 
-import loopspec_jax
-from loopspec_jax import methods as methods_lib
-from loopspec_jax import prompts as prompt_sets
-from loopspec_experiments import demo
+from loopspec_jax.experiment.prompts import load_prompt_set
+from loopspec_jax.experiment.timing import benchmark, row_labels
 from loopspec_experiments import common
+
+__all__ = ["benchmark", "row_labels", "load_prompt_set", "markdown_table", "baselines_table", "run"]
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
 _CONFIG = config_flags.DEFINE_config_file(
     "config", common.config_path("bench/default.py"), "Benchmark settings.", flag_values=FLAGS
 )
-
-
-def run_method(model, prompts, method, sampling, max_new_tokens, seed):
-  """Decodes every prompt alone (request id = its index); per-prompt `DecodeStats` and token lists."""
-  stats, outputs = [], []
-  for i, p in enumerate(prompts):
-    res = loopspec_jax.generate(
-        model, [p], max_new_tokens=max_new_tokens, method=method, seed=seed, request_ids=[i], **sampling
-    )
-    stats.append(res.counts)
-    outputs.append(res.tokens[0])
-  return stats, outputs
-
-
-def row_labels(parsed: list) -> list:
-  """The rows' labels (`Method.label`); methods that share one (e.g. two EAGLE heads with one envelope: labels
-  leave the head out) are labelled by their specs instead."""
-  labels = [m.label for m in parsed]
-  return [m.spec if labels.count(l) > 1 else l for m, l in zip(parsed, labels)]
-
-
-def benchmark(
-    model,
-    prompts,
-    methods: list,
-    sampling: dict,
-    *,
-    max_new_tokens: int,
-    repeats: int,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict:
-  """Runs every method on every prompt `repeats` times (after a warm-up) and returns per-method results."""
-  parsed = methods_lib.parse_list(methods)
-  labels = row_labels(parsed)
-  if labels[0] != "ar":
-    raise ValueError("the first method must be 'ar' (the reference of the wall-clock ratios)")
-  times = {l: [] for l in labels}
-  per_prompt = {l: [[] for _ in prompts] for l in labels}  # decode seconds per prompt, one per repeat
-  aggs = {}
-  outputs = {}
-  bar = tqdm(total=len(parsed) * (repeats + 1), desc="bench", disable=not progress)
-  for method, label in zip(parsed, labels):  # warm-up: compile every configuration
-    st, outs = run_method(model, prompts, method, sampling, max_new_tokens, seed)
-    outputs[label] = outs
-    bar.update(1)
-  for rep in range(repeats):
-    order = list(range(len(parsed)))
-    order = order[rep % len(order) :] + order[: rep % len(order)]
-    for i in order:
-      label = labels[i]
-      st, _ = run_method(model, prompts, parsed[i], sampling, max_new_tokens, seed)
-      agg = common.total(st)
-      times[label].append(agg["decode_seconds"])
-      for j, s in enumerate(st):
-        per_prompt[label][j].append(s.totals["decode_seconds"])
-      aggs[label] = agg
-      bar.update(1)
-  bar.close()
-  results = {}
-  for label in labels:
-    ratios = [a / b for a, b in zip(times["ar"], times[label])]
-    res = dict(aggs[label], method=label)  # the label names the configuration ('loopspec(d1=2,d2=8)')
-    res["decode_seconds_median"] = statistics.median(times[label])
-    res["decode_seconds_all"] = times[label]
-    res["tokens_per_second_median"] = res["tokens"] / max(res["decode_seconds_median"], 1e-9)
-    res["wall_clock_ratio_median"] = statistics.median(ratios)
-    res["identical_to_ar"] = outputs[label] == outputs["ar"]
-    # Per prompt: the median over repeats of AR's decode time over this method's (same repeat).
-    res["prompt_ratios"] = [
-        statistics.median(a / b for a, b in zip(per_prompt["ar"][j], per_prompt[label][j])) for j in range(len(prompts))
-    ]
-    res["prompt_ratio_median"] = statistics.median(res["prompt_ratios"])
-    res["prompt_ratio_min"] = min(res["prompt_ratios"])
-    results[label] = res
-  return results
 
 
 def markdown_table(rows: list) -> str:
@@ -160,27 +78,6 @@ def baselines_table(rows: list) -> str:
         f"{ms_tick:.2f} | {same} |"
     )
   return "\n".join(lines)
-
-
-def load_prompt_set(task: str, model, num: int, prompt_len: int, seed: int) -> list:
-  """`num` prompts of a task as token ids. Text prompts longer than half the model's context keep their last
-  max_len // 2 tokens (few-shot prefixes do not fit the tiny models); each cut is logged."""
-  if task == "demo":  # the prompts `loopspec-demo` decodes
-    return [model.encode(t) for t in demo.PROMPTS[:num]]
-  if task == "random":
-    rng = np.random.RandomState(seed)
-    return [rng.randint(0, model.config.vocab_size, prompt_len).tolist() for _ in range(num)]
-  texts = prompt_sets.load_prompts(task, num)
-  keep = model.config.max_len // 2
-  out = []
-  for i, t in enumerate(texts):
-    ids = model.encode(t)
-    if len(ids) > keep:
-      logging.warning(
-          "%s prompt %d: %d tokens, keeping the last %d (context %d)", task, i, len(ids), keep, model.config.max_len
-      )
-    out.append(ids[-keep:])
-  return out
 
 
 def main(argv):

@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
-from loopspec_experiments import bench
+from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
@@ -153,7 +153,7 @@ def main(argv):
   for spec in common.split_list(cfg.models):
     task, num, repeats, specs = cfg.runs[spec]
     model = common.resolve_model(spec, seed=cfg.seed)
-    prompts = bench.load_prompt_set(task, model, num, cfg.prompt_len, cfg.seed)
+    prompts = load_prompt_set(task, model, num, cfg.prompt_len, cfg.seed)
     for samp in common.split_list(cfg.samplings):
       print(f"{spec} {samp}: {len(prompts)} prompts, {specs}", flush=True)
       rows = run_row(

@@ -36,7 +36,8 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax import methods as methods_lib
-from loopspec_experiments import bench
+from loopspec_jax.experiment import timing
+from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
@@ -108,7 +109,7 @@ def run_group(jobs: list, sampling: dict, cfg, log) -> list:
   secs = {i: {} for i in range(n)}
   last = {}
   for rep in range(cfg.repeats + 1):  # rep 0 compiles and is not timed
-    for i in [(rep + k) % n for k in range(n)]:
+    for i in timing.rotated(n, rep):
       job = jobs[i]
       res = loopspec_jax.generate(
           job["model"],
@@ -136,7 +137,7 @@ def run_group(jobs: list, sampling: dict, cfg, log) -> list:
             "level_acceptance": last[i].stats.get("level_acceptance"),
             "decode_seconds": times,
             "decode_seconds_median": statistics.median(times),
-            "speed_vs_ar_median": statistics.median(secs[ref][r] / s for r, s in secs[i].items()),
+            "speed_vs_ar_median": timing.median_ratio(list(secs[ref].values()), times),
             "identical_to_ar": last[i].tokens == last[ref].tokens,
         }
     )
@@ -294,7 +295,7 @@ def run_bench(cfg) -> list:
   log(f"machine: {meta['machine']}; load average {os.getloadavg()}")
   rows = []
   prompts = {
-      task: {name: bench.load_prompt_set(task, m, cfg.num_prompts, 0, cfg.seed) for name, m in models.items()}
+      task: {name: load_prompt_set(task, m, cfg.num_prompts, 0, cfg.seed) for name, m in models.items()}
       for task in common.split_list(cfg.tasks)
   }
   # tasks inner: prompts cut to the same length bucket share the compiled programs of a sampling mode

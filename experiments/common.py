@@ -1,4 +1,4 @@
-"""What every experiment entry point shares: flag parsing, quiet logs, model and method specs, stats sums, files.
+"""What every experiment entry point shares: flag parsing, quiet logs, and the models of configs/.
 
 Conventions of all experiments (the `loopspec-*` console scripts and `python -m loopspec_experiments.X`):
   * settings are one ml_collections config file per experiment, `--config=PATH[:VARIANT]`; PATH may be relative to
@@ -17,34 +17,30 @@ from __future__ import annotations
 
 import ast
 import functools
-import glob
-import json
 import logging as py_logging
 import os
-import platform
 import sys
-import tempfile
 from typing import List, Optional, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 from ml_collections import config_flags
-import numpy as np
 
-import loopspec_jax
-from loopspec_jax.decoding.stats import DecodeStats
-from loopspec_jax import api
-from loopspec_jax import methods
 from loopspec_jax import user_cache
+from loopspec_jax.experiment import models
 import loopspec_configs as configs
-from loopspec_jax.analysis import depth_metrics
-from loopspec_jax.checkpoint import native
-from loopspec_jax.config import ModelConfig
 from loopspec_configs import models as model_configs
 
-NONE = "none"  # the one spelling of "no value" on the command line and in spec strings
+# What experiments share lives in the library (loopspec_jax/experiment/, tested there); these names are
+# re-exported for the entry points, which read them as `common.X`.
+from loopspec_jax.experiment.files import atomic_write_json, atomic_write_text, is_main_process, write_report
+from loopspec_jax.experiment.host import cpu_model, last_level_cache_bytes, machine_description
+from loopspec_jax.experiment.models import best_depths, model_identity
+from loopspec_jax.experiment.prompts import prompts_for
+from loopspec_jax.experiment.settings import NONE, parse_number, parse_optional_int, split_list
+from loopspec_jax.experiment.timing import release_compiled, time_line, total
+
 CONFIG_DIR = os.path.dirname(os.path.abspath(configs.__file__))
 # Python loggers of libraries that log start-up chatter (checkpointer settings, backends not found) at INFO.
 _CHATTY_LOGGERS = ("jax", "jax._src.xla_bridge", "orbax", "orbax.checkpoint", "absl")
@@ -204,192 +200,24 @@ config_flags.register_flag_parser_for_type(float, _OptionalParser(float))
 config_flags.register_flag_parser_for_type(str, _OptionalParser(str))
 
 
-def parse_optional_int(text) -> Optional[int]:
-  """'4' -> 4, 'none' -> None (NONE is the one spelling; ints and None pass through)."""
-  if text is None or isinstance(text, int):
-    return text
-  text = str(text).strip()
-  if text == NONE:
-    return None
-  try:
-    return int(text)
-  except ValueError as e:
-    raise ValueError(f"expected an integer or {NONE!r}, got {text!r}") from e
-
-
-def split_list(text) -> list:
-  """'a,b' -> ['a', 'b'] (lists and tuples pass through as strings)."""
-  if isinstance(text, (list, tuple)):
-    return [str(x).strip() for x in text]
-  return [x.strip() for x in str(text).split(",") if x.strip()]
-
-
 # ---------------------------------------------------------------------------------------------------
-# Models and methods
+# Models of configs/ (the library's `experiment.models`, handed this package's model-config table)
 # ---------------------------------------------------------------------------------------------------
 def resolve_model(spec: str, *, contraction: Optional[float] = None, seed: int = 0, dtype: str = "float32"):
-  """'random:<family>:<variant>' (e.g. 'random:huginn:bench_r32') builds random weights, contractive when
-  `contraction` is given; anything else is a bundled model name or a checkpoint directory (HF or our own)."""
-  if spec.startswith("random:"):
-    cfg = model_configs.model_config(spec[len("random:") :], dtype=dtype)
-    return api.from_config(cfg, seed=seed, contraction=contraction)
-  return loopspec_jax.load(spec, dtype=dtype)
+  """'random:<family>:<variant>' (e.g. 'random:huginn:bench_r32') builds random weights of a configs/models
+  config, contractive when `contraction` is given; anything else is a bundled model name or a checkpoint
+  directory (HF or our own)."""
+  return models.resolve_model(
+      spec, model_config=model_configs.model_config, contraction=contraction, seed=seed, dtype=dtype
+  )
 
 
 def model_config_at(spec: str, dtype: str, context: int):
   """The `ModelConfig` (no weights) of a configs.models spec ("huginn:0125") or "bundled:<name>", at `dtype`
   with a context of `context` positions (the cost report's models)."""
-  if spec.startswith("bundled:"):
-    path = os.path.join(native.bundled_path(spec[len("bundled:") :]), native.OWN_CONFIG)
-    with open(path) as f:
-      cfg = ModelConfig.from_dict(json.load(f))
-  else:
-    cfg = model_configs.model_config(spec)
-  return cfg.replace(dtype=dtype, max_len=context)
-
-
-def best_depths(model) -> tuple:
-  """The (d1, d2) the theory and our sweeps favour for the model's family and depth (`methods.default_depths`)."""
-  return methods.default_depths(model.config)
-
-
-def prompts_for(cfg, task: str, model) -> list:
-  """The prompts of `task` as a depth / sweep config asks for them (count, length, seed, token cut)."""
-  return depth_metrics.prepare_prompts(
-      task,
-      model,
-      cfg.num_prompts,
-      max_new_tokens=cfg.max_new_tokens,
-      prompt_len=cfg.prompt_len,
-      seed=cfg.seed,
-      max_prompt_tokens=cfg.get("max_prompt_tokens") or None,
-  )
-
-
-def model_identity(cfg) -> dict:
-  """What identifies the model in result keys: the spec, and for random models the contraction and seed."""
-  contraction = cfg.get("contraction")
-  random = cfg.model.startswith("random:")
-  return {"model": cfg.model, "contraction": contraction if random else None, "seed": cfg.seed}
+  return models.model_config_at(spec, dtype, context, model_configs.model_config)
 
 
 def load_model(cfg):
   """The model of an experiment config (fields model, contraction, seed)."""
-  return resolve_model(cfg.model, contraction=model_identity(cfg)["contraction"], seed=cfg.seed)
-
-
-def parse_number(text):
-  """'4' -> 4, '0.25' -> 0.25, 'none' -> None (numbers and None pass through)."""
-  try:
-    return parse_optional_int(text)
-  except ValueError:
-    try:
-      return float(text)
-    except ValueError:
-      raise ValueError(f"expected a number or {NONE!r}, got {text!r}") from None
-
-
-def total(counts: list) -> dict:
-  """Every figure of a list of runs of one method: their `DecodeStats` added, then `summary()` (the method's
-  own class derives its figures from the summed raw counts)."""
-  return DecodeStats.total(list(counts)).summary()
-
-
-def release_compiled():
-  """Drops every compiled program (`jax.clear_caches`) between groups of a long experiment.
-
-  XLA CPU keeps 1,000-2,700 memory mappings of JIT code per compiled decode loop (measured on the bundled
-  models), and a process that compiles many configurations runs out of the kernel's 65,530 (LLVM "Cannot
-  allocate memory", then a crash). Groups (task, sampling) recompile their programs anyway."""
-  jax.clear_caches()
-
-
-def time_line(label: str, agg: dict, ar: Optional[dict] = None) -> str:
-  """Where the time goes, from summed stats: 'loopspec: 81 ticks, 0.79 tokens/tick, 1.9 ms/tick (AR: 3.1 ms/token)'.
-
-  `agg` and `ar` hold ticks, tokens and decode_seconds (as `total` returns them).
-  """
-  ticks = max(agg["ticks"], 1)
-  text = (
-      f"{label}: {agg['ticks']} ticks, {agg['tokens'] / ticks:.2f} tokens/tick, "
-      f"{1e3 * agg['decode_seconds'] / ticks:.2f} ms/tick"
-  )
-  if ar is not None:
-    text += f" (AR: {1e3 * ar['decode_seconds'] / max(ar['tokens'], 1):.2f} ms/token)"
-  return text
-
-
-# ---------------------------------------------------------------------------------------------------
-# Files and processes
-# ---------------------------------------------------------------------------------------------------
-def atomic_write_text(path: str, text: str):
-  """Write-then-rename so a killed process never leaves a half-written file."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def atomic_write_json(path: str, obj):
-  atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
-
-
-def cpu_model() -> str:
-  """The processor's model name (/proc/cpuinfo; platform.processor() elsewhere): ratios on a CPU depend on it."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
-def machine_description() -> str:
-  """Host, processor, cores and jax backend: what a benchmark's ratios depend on."""
-  return (
-      f"{platform.node()} {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPU cores, jax {jax.__version__} on "
-      f"{jax.devices()[0].platform}"
-  )
-
-
-def last_level_cache_bytes(default: int = 32 << 20) -> int:
-  """The largest CPU cache of this host (Linux sysfs: cpu0's highest-level unified cache), or `default` where
-  the kernel does not say."""
-  sizes = []
-  for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-    try:
-      with open(path) as f:
-        text = f.read().strip().upper()
-    except OSError:
-      continue
-    unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    digits = text.rstrip("KMG")
-    if digits.isdigit():
-      sizes.append(int(digits) * unit)
-  return max(sizes) if sizes else default
-
-
-def write_report(out_dir: str, name: str, payload, markdown: str):
-  """An experiment's results as out_dir/name.json (payload) and out_dir/name.md (markdown), each written
-  atomically, and a line saying where they went."""
-  atomic_write_json(os.path.join(out_dir, f"{name}.json"), payload)
-  atomic_write_text(os.path.join(out_dir, f"{name}.md"), markdown.rstrip("\n") + "\n")
-  print(f"wrote {out_dir}/{name}.json and {name}.md")
-
-
-def _json_default(x):
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.floating,)):
-    return float(x)
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  raise TypeError(type(x))
-
-
-def is_main_process() -> bool:
-  """Whether this is process 0 (the one that writes results) of a possibly multi-process run."""
-  return jax.process_index() == 0
+  return models.load_model(cfg, model_configs.model_config)

@@ -23,6 +23,8 @@ from ml_collections import config_flags
 
 import loopspec_jax
 from loopspec_jax.analysis import cost
+from loopspec_jax.experiment.prompts import DEMO_PROMPTS, demo_prompt_ids
+from loopspec_jax.experiment.timing import decode_interleaved
 from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()  # this script's own flags (several experiments may be imported into one process)
@@ -30,12 +32,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", common.config_path("demo.py"
 
 # 17-32 tokens each (tiny-raven's tokenizer), so that the four prompts share one prompt bucket and every
 # method compiles one prefill and one loop per sampling mode (`common.buckets`)
-PROMPTS = [
-    "ROMEO:\nWhat light is this that breaks upon mine eyes?\n\nJULIET:\n",
-    "Question: Natalia sold 48 clips in April and half as many in May. How many did she sell?\nAnswer:",
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    "KING HENRY:\nOnce more unto the breach, dear friends, once more;\n",
-]
+PROMPTS = DEMO_PROMPTS  # the four prompts (loopspec_jax/experiment/prompts.py: task "demo" of the benchmarks)
 SETTINGS = (("greedy", dict(temperature=0.0)), ("sampled T=1.0 top_p=0.7", dict(temperature=1.0, top_p=0.7)))
 
 
@@ -52,59 +49,6 @@ def chosen_depths(model, config) -> tuple:
   if config.d1 is None:
     return common.best_depths(model)
   return int(config.d1), config.d2
-
-
-def prompt_ids(model) -> list:
-  """The demo prompts as token ids (fixed pseudo-prompts for a checkpoint without a tokenizer)."""
-  if model.tokenizer is not None:
-    return [model.encode(p) for p in PROMPTS]
-  return [[(7 * i + j) % model.config.vocab_size for j in range(12)] for i in range(len(PROMPTS))]
-
-
-def decode_interleaved(
-    model, prompts, runs, *, max_new_tokens: int, seed: int, repeats: int = 3, progress: bool = False, **sampling
-) -> dict:
-  """Each prompt alone (as the paper measures) with every method of `runs` [(label, generate kwargs)]: one
-  untimed compiling call per method, then `repeats` rounds that time each method once in turn (a slow spell
-  of the shared machine hits all methods alike); per method and prompt the median-time call counts.
-  `progress`: a line per untimed call (what it compiled or planned). Returns {label: (outputs, summed stats)}."""
-  out, plans = {label: ([], []) for label, _ in runs}, {}
-  gen = lambda i, p, kw: loopspec_jax.generate(
-      model, [p], max_new_tokens=max_new_tokens, seed=seed, request_ids=[i], **sampling, **kw
-  )
-  for i, p in enumerate(prompts):
-    for label, kw in runs:
-      t0 = time.perf_counter()
-      first = gen(i, p, kw)
-      if progress:
-        print(f"  prompt {i + 1}/{len(prompts)}, {label}: {warmup_note(first, time.perf_counter() - t0)}", flush=True)
-    timed = {label: [] for label, _ in runs}
-    for _ in range(max(int(repeats), 1)):
-      for label, kw in runs:
-        timed[label].append(gen(i, p, kw))
-    for label, calls in timed.items():
-      res = sorted(calls, key=lambda r: r.stats["decode_seconds"])[len(calls) // 2]
-      out[label][0].append(res.tokens[0])
-      out[label][1].append(res.counts)
-      if "plan" in res.stats:  # method='auto': the planner's choice for this prompt
-        plans.setdefault(label, []).append(res.stats["plan"])
-  results = {label: (toks, common.total(counts)) for label, (toks, counts) in out.items()}
-  for label, p in plans.items():
-    results[label][1]["plans"] = p
-  return results
-
-
-def warmup_note(result, seconds: float) -> str:
-  """What a method's first (untimed) call on a prompt cost: compiling, and the planner's work for 'auto'."""
-  st = result.stats
-  note = f"{seconds:.1f} s"
-  if st.get("compile_seconds", 0.0) >= 0.05:
-    note += f" ({st['compile_seconds']:.1f} s compiling)"
-  plan = st.get("plan")
-  if plan is not None:
-    how = "cached plan" if plan.get("cached") else f"planned in {plan.get('plan_seconds', 0.0):.1f} s"
-    note += f", {how}: picked {' then '.join(plan.get('picks', [plan['choice']]))}"
-  return note
 
 
 def report(model, d1: int, ar: dict, ls: dict, single: Optional[dict] = None, gate_mass=None) -> str:
@@ -196,7 +140,7 @@ def main(argv):
   print(f"loading {config.model} ...", flush=True)
   model = loopspec_jax.load(config.model)
   d1, d2 = chosen_depths(model, config)
-  prompts = prompt_ids(model)
+  prompts = demo_prompt_ids(model)
   print(f"model: {model.family}, R={model.recurrence}, LoopSpec (d1, d2) = ({d1}, {d2})", flush=True)
   phases = [(name, sampling, demo_runs(config, d1, d2, sampling)) for name, sampling in SETTINGS]
   compile_all(model, prompts[0], phases, max_new_tokens=config.max_new_tokens, workers=config.get("compile_workers", 2))

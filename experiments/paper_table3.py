@@ -4,8 +4,8 @@
   python -m loopspec_experiments.paper_table3 --config=paper/table3.py:quick
 
 Every method of the config (AR first, then LoopSpec per depth pair and variant) decodes every prompt one
-request at a time through `bench.benchmark` (a compiling warm-up, then `repeats` interleaved repeats with the
-method order rotated). Per row: gamma as the release counts it (decode tokens only, from its second-proposal
+request at a time through `timing.benchmark` (loopspec_jax/experiment/timing.py: a compiling warm-up, then
+`repeats` interleaved repeats with the method order rotated). Per row: gamma as the release counts it (decode tokens only, from its second-proposal
 split) beside our older figure over every token, the wall-clock ratio against AR (median over repeats, the
 same repeat's AR), the same ratio over decode time after each request's first token (an estimate: the share
 of ticks after the first commit; AR: of its tokens), the release's split of first rejections, gate-open rate,
@@ -20,7 +20,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from loopspec_jax import methods as methods_lib
-from loopspec_experiments import bench
+from loopspec_jax.experiment import timing
+from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_experiments import common
 
 FLAGS = flags.FlagValues()
@@ -111,13 +112,13 @@ def main(argv):
   del argv
   cfg = _CONFIG.value
   model = common.resolve_model(cfg.model, seed=0)
-  prompts = bench.load_prompt_set(cfg.task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)
+  prompts = load_prompt_set(cfg.task, model, cfg.num_prompts, cfg.prompt_len, cfg.seed)
   prompts = [prompts[i] for i in cfg.prompt_select]
   parsed = methods_lib.parse_list(list(cfg.methods))
-  labels = bench.row_labels(parsed)
+  labels = timing.row_labels(parsed)
   sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "init_state": cfg.init_state}
   print(f"{cfg.model}, {cfg.task}: {len(prompts)} prompts, {len(parsed)} methods", flush=True)
-  results = bench.benchmark(
+  results = timing.benchmark(
       model, prompts, list(cfg.methods), sampling, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, seed=cfg.seed
   )
   if common.is_main_process():  # the raw figures first: a long run is never lost to a formatting error

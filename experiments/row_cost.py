@@ -30,6 +30,7 @@ Settings: configs/row_cost.py.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -42,6 +43,7 @@ from ml_collections import config_flags
 import numpy as np
 
 import loopspec_jax
+from loopspec_jax.experiment import timing
 from loopspec_experiments import common
 from loopspec_jax.models import looped as M
 
@@ -111,21 +113,19 @@ def measure(model, rows: list, context: int, new_tokens: int, steps: int, repeat
   """Median seconds of one core step per row count, and of one AR token; `repeats` rounds each time every
   row count and AR once in turn (after one untimed compiling round), so a slow spell hits all alike."""
   loops = {m: core_step_loop(model, m, context, steps) for m in rows}
-  ar = ar_token_loop(model, context, new_tokens, seed)
-  for f in loops.values():
+
+  def step_seconds(f):
+    t0 = time.perf_counter()
     jax.block_until_ready(f())
-  ar()
-  step_times = {m: [] for m in rows}
-  ar_times = []
-  for _ in range(max(int(repeats), 1)):
-    for m, f in loops.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(f())
-      step_times[m].append((time.perf_counter() - t0) / steps)
-    ar_times.append(ar())
+    return (time.perf_counter() - t0) / steps
+
+  calls = {m: functools.partial(step_seconds, f) for m, f in loops.items()}
+  calls["ar"] = ar_token_loop(model, context, new_tokens, seed)
+  times = timing.interleaved(calls, repeats)
+  ar_times = times.pop("ar")
   return {
-      "step_seconds": {m: statistics.median(t) for m, t in step_times.items()},
-      "step_seconds_all": step_times,
+      "step_seconds": timing.medians(times),
+      "step_seconds_all": times,
       "ar_token_seconds": statistics.median(ar_times),
       "ar_token_seconds_all": ar_times,
   }
@@ -179,15 +179,9 @@ def decode_costs(model, d1: int, contexts: list, new_tokens: int, repeats: int, 
   prompts = {t: random_prompt(model, t, new_tokens, rng) for t in contexts}
   runs = {"ar": dict(method="ar"), "loopspec": dict(method="loopspec", d1=d1)}
   once = lambda t, kw: seconds_per_step(model, prompts[t], new_tokens, **kw)
-  for t in contexts:
-    for kw in runs.values():
-      once(t, kw)
-  times = {t: {m: [] for m in runs} for t in contexts}
-  for _ in range(max(int(repeats), 1)):
-    for t in contexts:
-      for m, kw in runs.items():
-        times[t][m].append(once(t, kw))
-  return {t: {m: statistics.median(v) for m, v in per.items()} for t, per in times.items()}
+  calls = {(t, m): functools.partial(once, t, kw) for t in contexts for m, kw in runs.items()}
+  med = timing.medians(timing.interleaved(calls, repeats))
+  return {t: {m: med[t, m] for m in runs} for t in contexts}
 
 
 def slope_per_position(costs: dict, method: str) -> float:

@@ -31,8 +31,8 @@ from absl import flags
 
 import loopspec_jax as lj
 from loopspec_jax import methods
+from loopspec_jax.experiment.prompts import demo_prompt_ids
 from loopspec_experiments import common
-from loopspec_experiments import demo
 from loopspec_experiments.serve import build_engine
 from loopspec_jax.serving import Request
 
@@ -255,7 +255,7 @@ def main(argv):
         max_queue=max(64, f.num_requests),
         **kw,
     )
-    prompts = demo.prompt_ids(model)
+    prompts = demo_prompt_ids(model)
     sampling = dict(temperature=0.0) if f.greedy else dict(temperature=1.0, top_p=0.7)
     reqs = [
         Request(prompt=prompts[i % len(prompts)], max_tokens=f.max_tokens, seed=i, **sampling)

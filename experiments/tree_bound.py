@@ -36,7 +36,7 @@ import loopspec_jax
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import select as select_lib
 from loopspec_jax.decoding.tree import self_spec
-from loopspec_experiments import bench
+from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 
@@ -219,7 +219,7 @@ def main():
   model = loopspec_jax.load("tiny-raven")
   results = {}
   for task in args.tasks.split(","):
-    prompts = bench.load_prompt_set(task, model, args.num, 0, 0)
+    prompts = load_prompt_set(task, model, args.num, 0, 0)
     ar = loopspec_jax.generate(model, prompts, max_new_tokens=args.new, method="ar")
     seqs = [p + t for p, t in zip(prompts, ar.tokens)]
     for d1 in (int(x) for x in args.d1.split(",")):

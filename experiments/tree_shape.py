@@ -31,7 +31,7 @@ from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_experiments import bench
+from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_experiments import tree_bound
 from loopspec_jax.models import looped as M
 
@@ -82,7 +82,7 @@ def shape_depths(model, seqs, plens, d1: int, shape, branch: int, new: int) -> n
 
 
 def continuation(model, task: str, lo: int, hi: int, new: int):
-  prompts = bench.load_prompt_set(task, model, hi, 0, 0)[lo:hi]
+  prompts = load_prompt_set(task, model, hi, 0, 0)[lo:hi]
   ar = loopspec_jax.generate(model, prompts, max_new_tokens=new, method="ar")
   return [p + t for p, t in zip(prompts, ar.tokens)], [len(p) for p in prompts]
 
@@ -342,7 +342,7 @@ def write_results(args, stem: str, results: dict, text: str) -> None:
 
 
 def sampled_continuation(model, task: str, lo: int, hi: int, new: int, seed: int):
-  prompts = bench.load_prompt_set(task, model, hi, 0, 0)[lo:hi]
+  prompts = load_prompt_set(task, model, hi, 0, 0)[lo:hi]
   ar = loopspec_jax.generate(model, prompts, max_new_tokens=new, method="ar", temperature=1.0, seed=seed)
   return [p + t for p, t in zip(prompts, ar.tokens)], [len(p) for p in prompts]
 

@@ -31,7 +31,11 @@ LAYERS = (
     ("loopspec_jax.analysis.cost", "loopspec_jax.analysis.calibrate"),  # the analysis that reads the registry
     ("loopspec_jax.planner",),
     ("loopspec_jax.api",),
-    ("loopspec_jax.serving", "loopspec_jax.integrations"),
+    (
+        "loopspec_jax.serving",
+        "loopspec_jax.integrations",
+        "loopspec_jax.experiment",
+    ),  # experiment: what entry points share
     ("loopspec_experiments", "loopspec_configs"),
 )
 

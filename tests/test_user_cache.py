@@ -12,8 +12,8 @@ from loopspec_jax import methods
 from loopspec_jax import planner
 from loopspec_jax import user_cache
 from loopspec_jax.decoding import compile_clock
+from loopspec_jax.experiment import timing
 from loopspec_experiments import common
-from loopspec_experiments import demo
 from loopspec_experiments import generate
 
 
@@ -122,7 +122,7 @@ def test_compile_seconds_are_counted_apart():
   assert "16.0 tokens/s" in line and "compiling took 12.0 s more (not counted" in line
 
 
-def test_demo_warmup_note_says_what_the_first_call_did():
+def test_warmup_note_says_what_the_first_call_did():
   res = lj.GenerateResult(
       [[1]],
       {
@@ -130,6 +130,6 @@ def test_demo_warmup_note_says_what_the_first_call_did():
           "plan": {"cached": False, "plan_seconds": 4.0, "picks": ["ar", "lookup:gamma=4"], "choice": "ar"},
       },
   )
-  note = demo.warmup_note(res, 9.0)
+  note = timing.warmup_note(res, 9.0)
   assert note == "9.0 s (3.2 s compiling), planned in 4.0 s: picked ar then lookup:gamma=4"
-  assert demo.warmup_note(lj.GenerateResult([[1]], {"compile_seconds": 0.0}), 0.2) == "0.2 s"
+  assert timing.warmup_note(lj.GenerateResult([[1]], {"compile_seconds": 0.0}), 0.2) == "0.2 s"

@@ -39,7 +39,7 @@ def methods(pairs=PAIRS, variants=VARIANTS, capacity="worst") -> list:
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.model = "tiny-raven"
-  c.task = "demo"  # the prompts loopspec-demo decodes (bench.load_prompt_set)
+  c.task = "demo"  # the prompts loopspec-demo decodes (loopspec_jax.experiment.prompts.load_prompt_set)
   c.num_prompts = 4
   c.prompt_select = (0, 2, 3)  # which of them to decode: demo prompts 1, 3 and 4 share one decode shape
   c.prompt_len = 32  # 'random' task only

@@ -15,6 +15,7 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis import theory
+from loopspec_jax.experiment import files
 from loopspec_configs import models as model_configs
 from loopspec_experiments import bench
 from loopspec_experiments import common
@@ -57,7 +58,7 @@ class BenchTest(chex.TestCase):
     table = bench.markdown_table(rows)
     self.assertIn("loopspec(d1=2,d2=4)", table)
     self.assertIn("ms/tick", table)
-    json.dumps(rows, default=common._json_default)
+    json.dumps(rows, default=files.json_default)
     line = common.time_line("loopspec", ls, res["ar"])
     self.assertRegex(line, r"^loopspec: \d+ ticks, [\d.]+ tokens/tick, [\d.]+ ms/tick \(AR: [\d.]+ ms/token\)$")
 

@@ -28,8 +28,8 @@ from loopspec_configs.sweeps import depths as depths_config
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_experiments import measure_depths
 from loopspec_experiments import sweep
-from loopspec_experiments import sweep_grid
-from loopspec_experiments import sweep_stats
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment import sweep_stats
 
 _ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,9 +17,9 @@ from loopspec_configs.sweeps import bundled as sweep_configs
 from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.decoding.tree import head_method
 from loopspec_experiments import bench
-from loopspec_experiments import sweep_grid
-from loopspec_experiments import sweep_report
-from loopspec_experiments import sweep_stats
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment import sweep_report
+from loopspec_jax.experiment import sweep_stats
 from loopspec_jax.heads import artefact
 from loopspec_jax.serving import engine as E
 

@@ -16,16 +16,12 @@ import loopspec_jax
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
-from loopspec_experiments import common
-from loopspec_experiments import sweep_grid
-from loopspec_experiments import sweep_report
-from loopspec_experiments import sweep_stats
-
-
-class _Cfg(dict):
-  """A plain dict read like a ConfigDict (attribute access, .get) for prompts_for."""
-
-  __getattr__ = dict.__getitem__
+from loopspec_jax.experiment import files
+from loopspec_jax.experiment import prompts as prompt_sets
+from loopspec_jax.experiment import settings
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment import sweep_report
+from loopspec_jax.experiment import sweep_stats
 
 
 def _depth_records(cfg, task: str, prompts: list) -> Dict[int, dict]:
@@ -58,9 +54,7 @@ def _depth_records(cfg, task: str, prompts: list) -> Dict[int, dict]:
 def _agreement(cfg, model, task: str, n_prompts: int):
   """The task's first `n_prompts` prompts, greedy agreement bits [R, positions] per prompt, and how many of
   them came from depth records (the rest decoded here with AR)."""
-  sub = dict(cfg.to_dict())
-  sub["num_prompts"] = n_prompts
-  prompts = common.prompts_for(_Cfg(sub), task, model)
+  prompts = prompt_sets.prompts_for(cfg, task, model, num_prompts=n_prompts)
   recs = _depth_records(cfg, task, prompts)
   agree = []
   for i, p in enumerate(prompts):
@@ -130,14 +124,13 @@ def _task_rows(cfg, model, task: str, label: str, r: int) -> List[dict]:
   return rows
 
 
-def replay_rows(cfg, model=None) -> dict:
+def replay_rows(cfg, model) -> dict:
   """Greedy gamma of every configuration of the grid (and chain draft length) on every task, by replay (see
   the module docstring). Writes <out_dir>/replay.jsonl (rewritten whole: it is cheap) and replay.md; returns
   {'rows', 'table', 'predictions'}."""
-  model = model or common.load_model(cfg)
   r = model.config.recurrence
   label = cfg.get("model_label") or cfg.model
-  tasks = common.split_list(cfg.tasks)
+  tasks = settings.split_list(cfg.tasks)
   rows = [row for task in tasks for row in _task_rows(cfg, model, task, label, r)]
   summaries = {t: sweep_grid.load_depth_summary(cfg, t, "greedy", r) for t in tasks}
   proj = sweep_grid.load_projection(cfg)
@@ -150,8 +143,8 @@ def replay_rows(cfg, model=None) -> dict:
   rows = [dict(x, **sweep_stats.projection_fields(x, proj)) for x in rows]
   preds = {(t, "greedy"): sweep_grid.load_prediction(cfg, t, "greedy", r) for t in tasks}
   table = sweep_report.replay_markdown(rows, preds)
-  if common.is_main_process():
+  if files.is_main_process():
     text = "".join(json.dumps(x, default=DA._json_default) + "\n" for x in rows)
-    common.atomic_write_text(os.path.join(cfg.out_dir, "replay.jsonl"), text)
-    common.atomic_write_text(os.path.join(cfg.out_dir, "replay.md"), table + "\n")
+    files.atomic_write_text(os.path.join(cfg.out_dir, "replay.jsonl"), text)
+    files.atomic_write_text(os.path.join(cfg.out_dir, "replay.md"), table + "\n")
   return {"rows": rows, "table": table, "predictions": preds}

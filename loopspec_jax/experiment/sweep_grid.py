@@ -19,17 +19,17 @@ from absl import logging
 from loopspec_jax import methods
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding.tree import head_method
-from loopspec_experiments import common
+from loopspec_jax.experiment import settings
 
 
 def ints(text) -> List[int]:
   """'1,2,4' -> [1, 2, 4]."""
-  return [int(x) for x in common.split_list(text)]
+  return [int(x) for x in settings.split_list(text)]
 
 
 def gammas(text) -> list:
   """'4,auto' -> [4, 'auto'] (draft lengths of the draft-model and lookup rows)."""
-  return [g if g == "auto" else int(g) for g in common.split_list(text)]
+  return [g if g == "auto" else int(g) for g in settings.split_list(text)]
 
 
 def loopspec_grid(cfg, r: int) -> List[Tuple[int, Optional[int]]]:
@@ -39,7 +39,7 @@ def loopspec_grid(cfg, r: int) -> List[Tuple[int, Optional[int]]]:
     feasible = set(theory.feasible_configs(r, include_single=True))
     for item in str(cfg.configs).split(";"):
       a, b = (x.strip() for x in item.split(","))
-      pair = (int(a), common.parse_optional_int(b))
+      pair = (int(a), settings.parse_optional_int(b))
       if pair not in feasible:
         raise ValueError(f"configuration {pair} is not feasible for R={r}")
       out.append(pair)

@@ -18,7 +18,7 @@ from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
 from loopspec_jax.decoding.stats import DecodeStats
-from loopspec_experiments import sweep_grid
+from loopspec_jax.experiment import sweep_grid
 
 # row fields recomputed from the current depth JSON, replay and projection whenever rows are tabled
 DERIVED = ("eps2", "theorem1", "theorem1_applies", "gamma_curve", "gamma_fit", "gamma_bound", "cost_bound")

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Tuple
 from loopspec_jax import methods
 from loopspec_jax.analysis import depth_metrics as DA
 from loopspec_jax.analysis import theory
-from loopspec_experiments import sweep_grid
-from loopspec_experiments.sweep_stats import min_ratio_fields, projection_fields
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment.sweep_stats import min_ratio_fields, projection_fields
 
 
 def pair_str(d1, d2) -> str:
@@ -247,16 +247,22 @@ def _comparison_table(grp: List[dict], pred: Optional[dict]) -> List[str]:
       "| | (d1, d2) | gamma ± se | gamma, all spawns | gamma (fit) | R/J | ratio vs AR | x AR projected |",
       "|---|---|---|---|---|---|---|---|",
   ]
-  for name, x, pair in comparison_rows(grp, pred):
-    if x is None:
-      if pair is not None:
-        out.append(f"| {name} | {pair_str(*pair)} | not swept | | | | | |")
-      continue
-    out.append(
-        f"| {name} | {pair_str(x['d1'], x['d2'])} | {_gamma(x)} | {_f(x.get('gamma_all_spawns'))} | "
-        f"{_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} | {x['wall_clock_ratio']:.2f}x | "
-        f"{_x(x.get('projected_ratio'))} |"
-    )
+  cells = lambda x: (
+      f"{_gamma(x)} | {_f(x.get('gamma_all_spawns'))} | {_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} | "
+      f"{x['wall_clock_ratio']:.2f}x | {_x(x.get('projected_ratio'))}"
+  )
+  return out + _comparison_lines(comparison_rows(grp, pred), cells, "not swept | | | | |")
+
+
+def _comparison_lines(entries, cells, absent: str) -> List[str]:
+  """One table line per `comparison_rows` entry: its name, pair and `cells(row)`, or `absent` for a predicted
+  pair no row measured (entries without a row or a pair are left out)."""
+  out = []
+  for name, x, pair in entries:
+    if x is not None:
+      out.append(f"| {name} | {pair_str(x['d1'], x['d2'])} | {cells(x)} |")
+    elif pair is not None:
+      out.append(f"| {name} | {pair_str(*pair)} | {absent} |")
   return out
 
 
@@ -277,17 +283,12 @@ def replay_markdown(rows: List[dict], preds: dict) -> str:
           f"Theorem 2 best feasible {pair_str(*pred['best_feasible'])}."
       )
     out += ["", "| | (d1, d2) | gamma ± se | gamma (depth curve) | gamma (fit) | R/J |", "|---|---|---|---|---|---|"]
-    for name, x, pair in comparison_rows(grp, pred):
-      if "wall clock" in name or "measured rates" in name:
-        continue  # no timing in a replay; the rates are the measurement
-      if x is None:
-        if pair is not None:
-          out.append(f"| {name} | {pair_str(*pair)} | not in grid | | | |")
-        continue
-      out.append(
-          f"| {name} | {pair_str(x['d1'], x['d2'])} | {_gamma(x)} | {_f(x.get('gamma_curve'))} | "
-          f"{_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))} |"
-      )
+    # no timing in a replay; the rates are the measurement
+    entries = [e for e in comparison_rows(grp, pred) if "wall clock" not in e[0] and "measured rates" not in e[0]]
+    cells = (
+        lambda x: f"{_gamma(x)} | {_f(x.get('gamma_curve'))} | {_f(x.get('gamma_fit'))} | {_f(x.get('gamma_bound'))}"
+    )
+    out += _comparison_lines(entries, cells, "not in grid | | |")
     d1s = sorted({x["d1"] for x in ls})
     d2s = sorted({x["d2"] for x in ls if x["d2"] is not None})
     out += ["", "gamma by (d1 rows, d2 columns; '-' single proposal):", ""]
