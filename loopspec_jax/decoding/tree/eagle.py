@@ -149,12 +149,7 @@ def after_verify(st: tv.TreeState, new, outputs, *, gamma: int) -> HeadState:
   return hs.replace(feat=outputs[-1].astype(hs.feat.dtype), q0=st.length - 1, hist=hist)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "feature", "depths", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.HEAD_LOOP)
+@entry.program(entry.HEAD_LOOP, donate_argnames=("state",))
 def decode_loop(
     params, state, sp, head_params, *, cfg, feature, depths, gamma, branch, tree_nodes, greedy, random_init
 ):
@@ -172,8 +167,7 @@ def decode_loop(
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gamma", "width"))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, width: int):
   del sp
   b, t = tokens.shape
@@ -262,25 +256,14 @@ class Eagle(HeadMethod):
     env = resolve(cfg, self.gamma, self.branch, self.tree_nodes)
     hc = self.heads.config
     feature, depths = hc["feature"], tuple(hc["depths"])
-    return common.Decoder(
-        name="eagle",
-        readout_depths=(cfg.recurrence,),
-        cache_group=1,
-        extra_positions=env["gamma"] + 1,
-        init=initial_state,
-        loop=decode_loop,
-        stats=functools.partial(summarize, cfg=cfg, feature=feature, **env),
-        init_kw={"cfg": cfg, "gamma": env["gamma"], "width": E.feature_width(hc)},
-        # the head's parameters travel as a keyword (traced, not static), like method='draft''s drafter
-        loop_kw=dict(
-            env,
-            head_params=self.heads.params,
-            cfg=cfg,
-            feature=feature,
-            depths=depths,
-            greedy=greedy,
-            random_init=random_init,
-        ),
+    stats = functools.partial(summarize, cfg=cfg, feature=feature, **env)
+    init_kw = {"gamma": env["gamma"], "width": E.feature_width(hc)}
+    # the head's parameters travel as a keyword (traced, not static), like method='draft''s drafter
+    loop_kw = dict(
+        env, head_params=self.heads.params, feature=feature, depths=depths, greedy=greedy, random_init=random_init
+    )
+    return common.round_decoder(
+        "eagle", cfg, env["gamma"], initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw
     )
 
   @classmethod

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 from typing import Callable, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -27,6 +28,8 @@ from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
+from loopspec_jax.parallel.logical import axes_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +99,37 @@ def run(
     return new.replace(extra=keep_live(~st.done, extra, st.extra) if drafter.mask_done else extra)
 
   return common.loop_until_done(round_, state, sp)
+
+
+@entry.program(entry.INIT)
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
+  """The loop state of a drafter with no state of its own (self-speculation, lookup trees)."""
+  del sp, cfg
+  return tv.fresh_state(cache, tokens, lengths)
+
+
+@flax.struct.dataclass
+class LastFeature:
+  """The state of a drafter that drafts from one feature per request (Medusa, MTP): feature [B, E] float32,
+  the feature of the last accepted node (`Drafter.last_feature`); ready [B]: it has been computed."""
+
+  feature: jax.Array = axes_field("batch", None)
+  ready: jax.Array = axes_field("batch")
+
+
+@entry.program(entry.INIT)
+def feature_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
+  """The loop state of a `LastFeature` drafter: a zero feature, not ready (before the first round)."""
+  del sp
+  b = tokens.shape[0]
+  extra = LastFeature(jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
+  return tv.fresh_state(cache, tokens, lengths, extra)
+
+
+def keep_last_feature(st: tv.TreeState, new, outputs) -> LastFeature:
+  """`Drafter.after_verify` of a `LastFeature` drafter: the feature of the last accepted node, now ready."""
+  del new
+  return LastFeature(outputs[-1].astype(jnp.float32), jnp.ones_like(st.extra.ready))
 
 
 def per_request(st: tv.TreeState) -> dict:

@@ -69,16 +69,7 @@ class TreeState:
 
 
 def fresh_state(cache, tokens, lengths, extra=None) -> TreeState:
-  zb = jnp.zeros((tokens.shape[0],), jnp.int32)
-  return TreeState(
-      cache=cache,
-      **common.fresh_counters(tokens, lengths),
-      rounds=zb,
-      accepted=zb,
-      nodes=zb,
-      iterations=jnp.int32(0),
-      extra=extra,
-  )
+  return TreeState(cache=cache, **common.fresh_counters(tokens, lengths, "rounds", "accepted", "nodes"), extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------------
