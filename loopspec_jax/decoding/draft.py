@@ -271,22 +271,16 @@ def draft_figures(stats) -> dict:
   drafts (chain's definition); alpha = accepted / examined drafts (the accepted ones and the first rejected
   one), the per-draft acceptance probability a of E[tokens per pass] = (1 - a^(gamma+1)) / (1 - a);
   draft_cost_share = drafting's share of the layer calls per row (0 for lookup)."""
-  st, n = stats.settings, stats.tokens
-  rounds, accepted, drafted = stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
+  st, rounds, accepted, drafted = stats.settings, stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
   d_calls = stats.totals.get("draft_steps", 0) * st["draft_layer_calls"]
   v_calls = stats.totals.get("iterations", 0) * st["verify_layer_calls"]
-  tpr = n / max(rounds, 1)
-  return {
-      "mean_accepted_length": tpr,
-      "tokens_per_r_steps": tpr,
-      "tokens_per_round": tpr,
-      "tokens_per_pass": tpr,
-      "acceptance_rate": accepted / max(drafted, 1),
-      "acceptance": accepted / max(drafted, 1),
-      "alpha": accepted / max(stats.count("examined"), 1),
-      "mean_gamma": drafted / max(rounds, 1),
-      "draft_cost_share": d_calls / max(d_calls + v_calls, 1e-9),
-  }
+  out = stats.pass_figures("drafted", d_calls, v_calls)
+  return dict(
+      out,
+      tokens_per_r_steps=out["tokens_per_pass"],
+      alpha=accepted / max(stats.count("examined"), 1),
+      mean_gamma=drafted / max(rounds, 1),
+  )
 
 
 # ---------------------------------------------------------------------------------------------------
