@@ -41,7 +41,7 @@ from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.decoding.tree.eagle import level_acceptance
+from loopspec_jax.decoding.tree.eagle import level_acceptance, rounds_accepting
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import dflash as F
 from loopspec_jax.heads import eagle as E
@@ -204,8 +204,6 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, n_layers: int, dep
   rows through its `n_layers` blocks (and gamma through the LM head); the verify pass gamma + 1 rows through
   all R steps."""
   r = cfg.recurrence
-  hist = jax.device_get(st.extra.hist).sum(axis=0)
-  reached = {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(gamma + 1)}
   return common.DecodeStats.of_loop(
       "dflash",
       st,
@@ -226,7 +224,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, n_layers: int, dep
           "first": st.accepted,
           "restart": st.n_new - st.accepted,
       },
-      totals=dict(reached, draft_steps=st.iterations),
+      totals=dict(rounds_accepting(st.extra.hist), draft_steps=st.iterations),
   )
 
 

@@ -184,8 +184,6 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
   1 + tree_nodes rows through all R steps. Drafting runs no core step."""
   r = cfg.recurrence
   draft_rows = gamma + 1 + (gamma - 1) * branch
-  hist = jax.device_get(st.extra.hist).sum(axis=0)  # rounds by accepted drafts
-  reached = {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(gamma + 1)}
   return common.DecodeStats.of_loop(
       "eagle",
       st,
@@ -201,8 +199,15 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
       per_request=tl.per_request(st),
-      totals=reached,
+      totals=rounds_accepting(st.extra.hist),
   )
+
+
+def rounds_accepting(hist) -> dict:
+  """The totals `rounds_accepting_k`, k = 0..gamma: rounds that accepted at least k drafts, from the per-request
+  histograms hist [B, gamma + 1] of rounds by accepted drafts (`level_acceptance` reads them)."""
+  hist = jax.device_get(hist).sum(axis=0)
+  return {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(hist.shape[0])}
 
 
 def level_acceptance(stats) -> list:
