@@ -10,6 +10,8 @@ rounds until every request is done (`common.loop_until_done`, one lax.while_loop
    last accepted node); with `mask_done` the loop keeps the old state in rows already done before the round.
 Each decoder's jitted `decode_loop` (its static arguments: one compile per configuration) builds its `Drafter`
 from closures over those static settings and calls `run` inside its trace, so the drafter needs no hashing.
+The initial states drafters share are here too: `initial_state` (no state of the drafter's own) and
+`feature_state` (`LastFeature`: the last accepted node's feature, Medusa's and MTP's).
 """
 
 from __future__ import annotations
