@@ -78,7 +78,7 @@ def update(num, den, n_acc, n_offered, live):
   return num, den
 
 
-def initial_counts(b: int):
-  """(num, den) [B] float32 before any round (the prior alone)."""
+def initial_counts(b: int) -> dict:
+  """acc_num, acc_den [B] float32 before any round (the prior alone), as a state's constructor keywords."""
   z = jnp.zeros((b,), jnp.float32)
-  return z, z
+  return {"acc_num": z, "acc_den": z}

@@ -66,8 +66,7 @@ def full_depth_token_step(
   return logits[:, 0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "greedy", "random_init"), donate_argnames=("state",))
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(
     params, state: DecodeState, sp: common.SamplingParams, *, cfg: ModelConfig, greedy: bool, random_init: bool
 ):
@@ -97,11 +96,10 @@ def decode_loop(
   return common.loop_until_done(body, state, sp)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> DecodeState:
   del sp, cfg
-  return DecodeState(cache=cache, **common.fresh_counters(tokens, lengths), iterations=jnp.int32(0))
+  return DecodeState(cache=cache, **common.fresh_counters(tokens, lengths))
 
 
 def summarize(st: DecodeState, cfg: ModelConfig) -> common.DecodeStats:
@@ -159,9 +157,7 @@ class AR(Method):
   """Autoregressive decoding at full depth R: the reference every other method equals."""
 
   name = "ar"
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(cfg, greedy=greedy, random_init=random_init)
+  build_decoder = staticmethod(make_decoder)
 
   @classmethod
   def derived(cls, stats) -> dict:

@@ -77,10 +77,7 @@ def _auto_costs(cfg: ModelConfig, d1: int) -> tuple:
   return draft, draft + float(verify_pass)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("cfg", "d1", "gamma", "greedy", "random_init", "auto"), donate_argnames=("state",)
-)
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(
     params,
     state: ChainState,
@@ -234,22 +231,11 @@ def _round(params, st: ChainState, sp, rc: _Round) -> ChainState:
   )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> ChainState:
   del sp, cfg
-  zb = jnp.zeros((tokens.shape[0],), jnp.int32)
-  num, den = adaptive.initial_counts(tokens.shape[0])
-  return ChainState(
-      cache=cache,
-      **common.fresh_counters(tokens, lengths),
-      rounds=zb,
-      accepted=zb,
-      drafted=zb,
-      acc_num=num,
-      acc_den=den,
-      iterations=jnp.int32(0),
-  )
+  counters = common.fresh_counters(tokens, lengths, "rounds", "accepted", "drafted")
+  return ChainState(cache=cache, **counters, **adaptive.initial_counts(tokens.shape[0]))
 
 
 def summarize(st: ChainState, cfg: ModelConfig, d1: int, gamma: int, auto: bool = False) -> common.DecodeStats:
@@ -283,20 +269,11 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, d1, gamma
   validate(cfg, d1, gamma)
   gamma, auto = adaptive.parse_gamma("chain", gamma)
   d1 = int(d1)
-  loop_kw = {"cfg": cfg, "d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init}
+  loop_kw = {"d1": d1, "gamma": gamma, "greedy": greedy, "random_init": random_init}
   if auto:
     loop_kw["auto"] = True
-  return common.Decoder(
-      name="chain",
-      readout_depths=(d1, cfg.recurrence),
-      cache_group=1,
-      extra_positions=gamma + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma, auto=auto),
-      init_kw={"cfg": cfg},
-      loop_kw=loop_kw,
-  )
+  stats = functools.partial(summarize, cfg=cfg, d1=d1, gamma=gamma, auto=auto)
+  return common.round_decoder("chain", cfg, gamma, initial_state, decode_loop, stats, d1=d1, loop_kw=loop_kw)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,6 @@ common to every method. Nothing here knows which decoder it drives.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Callable, Optional, Sequence
 
@@ -136,8 +135,7 @@ def prompt_noise(sp: SamplingParams, b: int, t: int, cfg: ModelConfig, random_in
   return state_noise(sp, jnp.broadcast_to(jnp.arange(t), (b, t)), cfg)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "readout_depths", "total_len", "random_init", "cache_group"))
-@entry.declare(entry.PREFILL)
+@entry.program(entry.PREFILL)
 def prefill_state(
     params,
     prompt,
@@ -163,10 +161,12 @@ def prefill_state(
   return cache, tokens
 
 
-def fresh_counters(tokens, lengths) -> dict:
-  """The per-request fields every decode state starts with: tokens [B, T], length [B], n_new and done [B]."""
-  b = tokens.shape[0]
-  return {"tokens": tokens, "length": lengths, "n_new": jnp.zeros((b,), jnp.int32), "done": jnp.zeros((b,), bool)}
+def fresh_counters(tokens, lengths, *counts: str) -> dict:
+  """The fields a decode state starts with (a state's constructor keywords): tokens [B, T], length [B], n_new
+  and done [B], the loop's iterations [] and a zero int32 [B] count per name in `counts` (rounds, ...)."""
+  zb = jnp.zeros((tokens.shape[0],), jnp.int32)
+  fields = {"tokens": tokens, "length": lengths, "n_new": zb, "done": jnp.zeros(zb.shape, bool)}
+  return dict(fields, iterations=jnp.int32(0), **{name: zb for name in counts})
 
 
 def loop_until_done(body, state, sp: Optional[SamplingParams] = None):
@@ -339,6 +339,28 @@ class Decoder:
   loop_kw: dict = dataclasses.field(default_factory=dict)
 
 
+def round_decoder(
+    name: str,
+    cfg: ModelConfig,
+    depth: int,
+    init: Callable,
+    loop: Callable,
+    stats: Callable,
+    *,
+    loop_kw: dict,
+    init_kw: Optional[dict] = None,
+    d1: Optional[int] = None,
+) -> Decoder:
+  """The Decoder of a draft-then-verify method (chain, draft model, lookup, every drafter of the tree loop):
+  caches of one recurrent step per block read out at full depth R (and at the drafts' depth `d1` for
+  self-speculation; None: R alone), at most `depth` drafts verified past the committed token (a chain's
+  gamma, a tree's depth). init_kw / loop_kw: the further keywords of its entry points (the loop's include
+  greedy and random_init; None: none), to which the target's `cfg` is added."""
+  depths = (cfg.recurrence,) if d1 is None else (d1, cfg.recurrence)
+  init_kw, loop_kw = dict(init_kw or {}, cfg=cfg), dict(loop_kw, cfg=cfg)
+  return Decoder(name, depths, 1, depth + 1, init, loop, stats, init_kw, loop_kw)
+
+
 def prefill_for(
     decoder: Decoder,
     params,
@@ -366,26 +388,16 @@ def prefill_for(
 
 
 def run_decoder(
-    decoder: Decoder,
-    params,
-    prompt_arr,
-    len_arr,
-    sp: SamplingParams,
-    *,
-    cfg: ModelConfig,
-    total: int,
-    random_init: bool,
-    mesh=None,
+    decoder: Decoder, params, prompt_arr, len_arr, sp: SamplingParams, *, mesh=None, **prefill
 ) -> GenerateResult:
-  """Prefill, build the loop state, run the loop, time both phases and collect tokens and stats.
+  """Prefill, build the loop state, run the loop, time both phases and collect tokens and stats. `prefill`:
+  the prefill's settings, `prefill_for`'s keywords (cfg, total, random_init).
 
   `prefill_seconds` and `decode_seconds` leave out the seconds spent compiling during the call (tracing,
   lowering, XLA, or reading jax's compilation cache: `compile_clock`), which are `compile_seconds`: a cold
   call's figures then compare with a warm one's."""
   c0, t0 = compile_clock.seconds(), time.perf_counter()
-  cache, tokens = prefill_for(
-      decoder, params, prompt_arr, len_arr, sp, cfg=cfg, total=total, random_init=random_init, mesh=mesh
-  )
+  cache, tokens = prefill_for(decoder, params, prompt_arr, len_arr, sp, mesh=mesh, **prefill)
   jax.block_until_ready(cache)
   c1, t1 = compile_clock.seconds(), time.perf_counter()
   state = sharding.entry(decoder.init, mesh)(cache, tokens, len_arr, sp, **decoder.init_kw)

@@ -141,12 +141,7 @@ def verify_round(
 # ---------------------------------------------------------------------------------------------------
 # The draft-model loop
 # ---------------------------------------------------------------------------------------------------
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "dcfg", "gamma", "auto", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.DRAFT_LOOP)
+@entry.program(entry.DRAFT_LOOP, donate_argnames=("state",))
 def decode_loop(
     params,
     state: SpecState,
@@ -224,8 +219,7 @@ def decode_loop(
   return common.loop_until_done(round_, state, sp)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "dcfg"))
-@entry.declare(entry.DRAFT_INIT)
+@entry.program(entry.DRAFT_INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, dparams, *, cfg: ModelConfig, dcfg: ModelConfig):
   """The loop state: the target cache from the shared prefill; the drafter's cache prefilled here over the
   token buffer [B, T] (positions past each prompt are masked now and overwritten before they are read)."""
@@ -238,22 +232,8 @@ def initial_state(cache, tokens, lengths, sp: common.SamplingParams, dparams, *,
 
 
 def fresh_state(cache, dcache, tokens, lengths) -> SpecState:
-  b = tokens.shape[0]
-  zb = jnp.zeros((b,), jnp.int32)
-  num, den = adaptive.initial_counts(b)
-  return SpecState(
-      cache=cache,
-      dcache=dcache,
-      **common.fresh_counters(tokens, lengths),
-      rounds=zb,
-      accepted=zb,
-      drafted=zb,
-      examined=zb,
-      acc_num=num,
-      acc_den=den,
-      draft_steps=jnp.int32(0),
-      iterations=jnp.int32(0),
-  )
+  counters = common.fresh_counters(tokens, lengths, "rounds", "accepted", "drafted", "examined")
+  return SpecState(cache, dcache, **counters, **adaptive.initial_counts(tokens.shape[0]), draft_steps=jnp.int32(0))
 
 
 def summarize(
@@ -291,22 +271,16 @@ def draft_figures(stats) -> dict:
   drafts (chain's definition); alpha = accepted / examined drafts (the accepted ones and the first rejected
   one), the per-draft acceptance probability a of E[tokens per pass] = (1 - a^(gamma+1)) / (1 - a);
   draft_cost_share = drafting's share of the layer calls per row (0 for lookup)."""
-  st, n = stats.settings, stats.tokens
-  rounds, accepted, drafted = stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
+  st, rounds, accepted, drafted = stats.settings, stats.count("rounds"), stats.count("accepted"), stats.count("drafted")
   d_calls = stats.totals.get("draft_steps", 0) * st["draft_layer_calls"]
   v_calls = stats.totals.get("iterations", 0) * st["verify_layer_calls"]
-  tpr = n / max(rounds, 1)
-  return {
-      "mean_accepted_length": tpr,
-      "tokens_per_r_steps": tpr,
-      "tokens_per_round": tpr,
-      "tokens_per_pass": tpr,
-      "acceptance_rate": accepted / max(drafted, 1),
-      "acceptance": accepted / max(drafted, 1),
-      "alpha": accepted / max(stats.count("examined"), 1),
-      "mean_gamma": drafted / max(rounds, 1),
-      "draft_cost_share": d_calls / max(d_calls + v_calls, 1e-9),
-  }
+  out = stats.pass_figures("drafted", d_calls, v_calls)
+  return dict(
+      out,
+      tokens_per_r_steps=out["tokens_per_pass"],
+      alpha=accepted / max(stats.count("examined"), 1),
+      mean_gamma=drafted / max(rounds, 1),
+  )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,28 +331,18 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
   g, auto = adaptive.parse_gamma("draft", gamma)
   dcfg, dparams = draft_model.config, draft_model.params
   # dparams travel as a keyword (traced, not static): init / loop stay the registered entry points themselves.
-  init_kw = {"dparams": dparams, "cfg": cfg, "dcfg": dcfg}
-  loop_kw = dict(init_kw, gamma=g, auto=auto, greedy=greedy, random_init=random_init)
-  settings = {"draft_model": draft_model.source or dcfg.family}
-  return common.Decoder(
-      name="draft",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=g + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(
-          summarize,
-          cfg=cfg,
-          method="draft",
-          gamma="auto" if auto else g,
-          gamma_max=g,
-          draft_cost=float(adaptive.layer_calls(dcfg, dcfg.recurrence)),
-          settings=settings,
-      ),
-      init_kw=init_kw,
-      loop_kw=loop_kw,
+  init_kw = {"dparams": dparams, "dcfg": dcfg}
+  stats = functools.partial(
+      summarize,
+      cfg=cfg,
+      method="draft",
+      gamma="auto" if auto else g,
+      gamma_max=g,
+      draft_cost=float(adaptive.layer_calls(dcfg, dcfg.recurrence)),
+      settings={"draft_model": draft_model.source or dcfg.family},
   )
+  loop_kw = dict(init_kw, gamma=g, auto=auto, greedy=greedy, random_init=random_init)
+  return common.round_decoder("draft", cfg, g, initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw)
 
 
 @functools.lru_cache(maxsize=None)

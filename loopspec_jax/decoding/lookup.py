@@ -61,10 +61,7 @@ def ngram_drafts(tokens, length, ngram: int, gamma: int):
   return drafts.astype(jnp.int32), found
 
 
-@functools.partial(
-    jax.jit, static_argnames=("cfg", "ngram", "gamma", "auto", "greedy", "random_init"), donate_argnames=("state",)
-)
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(
     params,
     state: draft.SpecState,
@@ -90,8 +87,7 @@ def decode_loop(
   return common.loop_until_done(round_, state, sp)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> draft.SpecState:
   del sp, cfg
   return draft.fresh_state(cache, None, tokens, lengths)
@@ -108,25 +104,17 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram, ga
   """The Decoder of method='lookup' (ngram default 3; gamma an integer >= 1 or 'auto')."""
   ngram = validate_ngram(ngram)
   g, auto = adaptive.parse_gamma("lookup", gamma)
-  return common.Decoder(
-      name="lookup",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=g + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(
-          draft.summarize,
-          cfg=cfg,
-          method="lookup",
-          gamma="auto" if auto else g,
-          gamma_max=g,
-          draft_cost=0.0,
-          settings={"ngram": ngram},
-      ),
-      init_kw={"cfg": cfg},
-      loop_kw={"cfg": cfg, "ngram": ngram, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init},
+  stats = functools.partial(
+      draft.summarize,
+      cfg=cfg,
+      method="lookup",
+      gamma="auto" if auto else g,
+      gamma_max=g,
+      draft_cost=0.0,
+      settings={"ngram": ngram},
   )
+  loop_kw = {"ngram": ngram, "gamma": g, "auto": auto, "greedy": greedy, "random_init": random_init}
+  return common.round_decoder("lookup", cfg, g, initial_state, decode_loop, stats, loop_kw=loop_kw)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ backend only ever see `Method` values.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Callable, ClassVar, Optional
 
 from loopspec_jax.config import ModelConfig
 
@@ -18,13 +18,17 @@ from loopspec_jax.config import ModelConfig
 @dataclasses.dataclass(frozen=True)
 class Method:
   """Base of every decoding method. Subclasses set `name` and declare their arguments as fields (None: the
-  method's default); they override `validate`, `make_decoder` and, where they derive figures, `derived`."""
+  method's default); they override `validate` and, where they derive figures, `derived`, and either set
+  `build_decoder` or override `make_decoder`."""
 
   name: ClassVar[str] = ""
   # fields a spec string may give positionally, in order ('loopspec:2,8' == 'loopspec:d1=2,d2=8')
   positional: ClassVar[tuple] = ()
   # drafts come from outside the target's own depths (a draft model, the prompt): figures per verify pass, no d1
   separate_drafter: ClassVar[bool] = False
+  # the module's function building the Decoder from every field: build_decoder(cfg, *, greedy, random_init,
+  # **fields) (a staticmethod; None: the class overrides `make_decoder`)
+  build_decoder: ClassVar[Optional[Callable]] = None
 
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError for arguments the model `cfg` cannot take (runs before anything compiles)."""
@@ -34,7 +38,9 @@ class Method:
 
   def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool):
     """The `decoding.common.Decoder` that runs this method on a model with config `cfg`."""
-    raise NotImplementedError(f"{type(self).__name__}.make_decoder")
+    if self.build_decoder is None:
+      raise NotImplementedError(f"{type(self).__name__}.make_decoder")
+    return self.build_decoder(cfg, greedy=greedy, random_init=random_init, **self.fields)
 
   @classmethod
   def derived(cls, stats) -> dict:
@@ -43,9 +49,14 @@ class Method:
     return {}
 
   @property
+  def fields(self) -> dict:
+    """Every argument by name (None: the method's default), in field order."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  @property
   def args(self) -> dict:
     """The arguments that were given (fields that are not None), in field order."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+    return {k: v for k, v in self.fields.items() if v is not None}
 
   @property
   def spec(self) -> str:

@@ -169,6 +169,16 @@ class DecodeStats:
         "tokens_per_r_steps": 1.0,
     }
 
+  def pass_figures(self, offered: str, draft_calls: float, verify_calls: float) -> dict:
+    """The figures of a method of draft-then-verify rounds, one full-depth verify pass each (draft model, lookup,
+    the trees): tokens per pass (= per round = the mean accepted length), accepted drafts per `offered` one (a
+    per-request counter: drafts or tree nodes), and drafting's share of the layer calls."""
+    per_pass = self.tokens / max(self.count("rounds"), 1)
+    acceptance = self.count("accepted") / max(self.count(offered), 1)
+    share = draft_calls / max(draft_calls + verify_calls, 1e-9)
+    figures = dict(mean_accepted_length=per_pass, tokens_per_round=per_pass, tokens_per_pass=per_pass)
+    return dict(figures, acceptance_rate=acceptance, acceptance=acceptance, draft_cost_share=share)
+
   def summary(self) -> dict:
     """Every figure of these runs: the common ones, the settings, the sums of the per-request counters, the
     maxima and the method's derived figures (its class's `derived`, from `DERIVED`), plus the per-request

@@ -95,18 +95,7 @@ def verify_chain(key, p, drafts, q):
   first rejection sample from norm(max(0, p_i - q_i)) (no mass: p_i); if all are accepted sample the bonus
   token from p[G]. Static shapes: the accepted count is the sum of a cumulative product.
   """
-  p = jnp.asarray(p, jnp.float32)
-  q = jnp.asarray(q, jnp.float32)
-  drafts = jnp.asarray(drafts, jnp.int32)
-  g = drafts.shape[0]
-  uu = jax.random.uniform(key, (g + 1,), jnp.float32)
-  u, us = uu[:g], uu[g]
-  a = jax.vmap(acceptance_prob)(p[:g], q, drafts)
-  n = jnp.sum(jnp.cumprod((u < a).astype(jnp.int32))).astype(jnp.int32)
-  # Row G of the padded proposals is all zeros, so the bonus "residual" is norm(p[G]).
-  q_pad = jnp.concatenate([q, jnp.zeros_like(p[:1])], axis=0)
-  nxt = sample_with_uniform(us, residual(p[n], q_pad[n]))
-  return n, nxt
+  return verify_chain_upto(key, p, drafts, q, jnp.shape(drafts)[0])
 
 
 def verify_chain_upto(key, p, drafts, q, n_max):

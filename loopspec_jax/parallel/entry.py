@@ -9,14 +9,22 @@ what its output's shardings follow. The decoder module declares it on the functi
     def decode_loop(params, state, sp, *, cfg, ...): ...
 
 and `sharding.py` reads it off the function object (`declared`), so a new decoder runs on a mesh by declaring its
-entry points, with no table of names to keep in step. This module imports nothing of the library: decoding/
-(above parallel/) imports it, and so does `sharding.py`.
+entry points, with no table of names to keep in step. `program` does both at once: it declares the entry point
+and jits the function with its keyword-only parameters static (the settings a program is compiled for):
+
+    @entry.program(entry.LOOP, donate_argnames=("state",))
+    def decode_loop(params, state, sp, *, cfg, ...): ...
+
+This module imports nothing of the library: decoding/ (above parallel/) imports it, and so does `sharding.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Optional
+
+import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +75,19 @@ def declare(ep: EntryPoint) -> Callable:
     return fn
 
   return mark
+
+
+def program(ep: EntryPoint, *, donate_argnames: tuple = ()) -> Callable:
+  """A decorator that declares `ep` for the function it wraps and jits it with every keyword-only parameter static
+  (cfg and the method's settings: one compile per configuration) and `donate_argnames` donated (a decode loop's
+  state)."""
+
+  def jitted(fn):
+    params = inspect.signature(fn).parameters
+    static = tuple(name for name, p in params.items() if p.kind == p.KEYWORD_ONLY)
+    return jax.jit(declare(ep)(fn), static_argnames=static, donate_argnames=donate_argnames)
+
+  return jitted
 
 
 def declared(fn) -> Optional[EntryPoint]:

@@ -103,6 +103,7 @@ class LoopSpec(Method):
 
   name = "loopspec"
   positional = ("d1", "d2")
+  build_decoder = staticmethod(make_decoder)
   d1: Optional[int] = None
   d2: Optional[int] = None
   lane_capacity: Optional[int] = None
@@ -122,19 +123,6 @@ class LoopSpec(Method):
 
   def validate(self, cfg: ModelConfig) -> None:
     S.validate(cfg, self.d1, self.d2, self.lane_capacity, self.gate_mass, self.second, self.gate)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(
-        cfg,
-        greedy=greedy,
-        random_init=random_init,
-        d1=self.d1,
-        d2=self.d2,
-        lane_capacity=self.lane_capacity,
-        gate_mass=self.gate_mass,
-        second=self.second,
-        gate=self.gate,
-    )
 
   @classmethod
   def derived(cls, stats) -> dict:

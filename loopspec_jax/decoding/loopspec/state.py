@@ -13,7 +13,6 @@ Logical axes are declared on every field (`parallel.logical.axes_field`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Optional
 
@@ -242,8 +241,7 @@ def default_capacity(r: int, d1: int, d2: Optional[int]) -> int:
   return (r // d1) * stage_width(r, d1, d2, None)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy"))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(
     cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, shape: PipelineShape, greedy: bool
 ) -> LoopSpecState:

@@ -412,8 +412,7 @@ def make_tick(
   return tick
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "shape", "greedy", "random_init"), donate_argnames=("state",))
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(
     params,
     state: LoopSpecState,

@@ -41,7 +41,7 @@ from loopspec_jax.decoding import sampling
 from loopspec_jax.decoding import verify
 from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
-from loopspec_jax.decoding.tree.eagle import level_acceptance
+from loopspec_jax.decoding.tree.eagle import level_acceptance, rounds_accepting
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import dflash as F
 from loopspec_jax.heads import eagle as E
@@ -172,10 +172,7 @@ def after_verify(hp, st: tv.TreeState, new, outputs, *, cfg, gamma: int) -> DFla
   )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("cfg", "depths", "gamma", "greedy", "random_init"), donate_argnames=("state",)
-)
-@entry.declare(entry.HEAD_LOOP)
+@entry.program(entry.HEAD_LOOP, donate_argnames=("state",))
 def decode_loop(params, state: tv.TreeState, sp, head_params, *, cfg: ModelConfig, depths, gamma, greedy, random_init):
   """The prompt's context, then rounds of (one drafter pass, one verify pass of the chain) until all are done."""
   hp = head_params
@@ -192,8 +189,7 @@ def decode_loop(params, state: tv.TreeState, sp, head_params, *, cfg: ModelConfi
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gamma", "n_layers"))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, n_layers: int):
   del sp
   b, t = tokens.shape
@@ -208,8 +204,6 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, n_layers: int, dep
   rows through its `n_layers` blocks (and gamma through the LM head); the verify pass gamma + 1 rows through
   all R steps."""
   r = cfg.recurrence
-  hist = jax.device_get(st.extra.hist).sum(axis=0)
-  reached = {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(gamma + 1)}
   return common.DecodeStats.of_loop(
       "dflash",
       st,
@@ -230,7 +224,7 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, n_layers: int, dep
           "first": st.accepted,
           "restart": st.n_new - st.accepted,
       },
-      totals=dict(reached, draft_steps=st.iterations),
+      totals=dict(rounds_accepting(st.extra.hist), draft_steps=st.iterations),
   )
 
 
@@ -264,24 +258,10 @@ class DFlash(HeadMethod):
     g = resolve_gamma(cfg, self.gamma)
     hc = self.heads.config
     depths, n_layers = tuple(hc["depths"]), int(hc["layers"])
-    return common.Decoder(
-        name="dflash",
-        readout_depths=(cfg.recurrence,),
-        cache_group=1,
-        extra_positions=g + 1,
-        init=initial_state,
-        loop=decode_loop,
-        stats=functools.partial(summarize, cfg=cfg, gamma=g, n_layers=n_layers, depths=depths),
-        init_kw={"cfg": cfg, "gamma": g, "n_layers": n_layers},
-        loop_kw=dict(
-            head_params=self.heads.params,
-            cfg=cfg,
-            depths=depths,
-            gamma=g,
-            greedy=greedy,
-            random_init=random_init,
-        ),
-    )
+    stats = functools.partial(summarize, cfg=cfg, gamma=g, n_layers=n_layers, depths=depths)
+    init_kw = {"gamma": g, "n_layers": n_layers}
+    loop_kw = dict(head_params=self.heads.params, depths=depths, gamma=g, greedy=greedy, random_init=random_init)
+    return common.round_decoder("dflash", cfg, g, initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw)
 
   @classmethod
   def derived(cls, stats) -> dict:

@@ -223,12 +223,7 @@ def draft(dparams, params, st: tv.TreeState, sp, *, dcfg, dlayout, shape, gamma:
   return st.replace(extra=dcache), ((tree, q) if sample else tree)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "dcfg", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.DRAFT_LOOP)
+@entry.program(entry.DRAFT_LOOP, donate_argnames=("state",))
 def decode_loop(params, state, sp, dparams, *, cfg, dcfg, gamma, branch, tree_nodes, drafts, greedy, random_init):
   """Rounds of (the drafter expands a static tree, one full-depth target pass verifies it) until all are done.
   state.extra is the drafter's KV cache; drafts: one of DRAFTS (greedy decoding always takes "topk")."""
@@ -246,8 +241,7 @@ def decode_loop(params, state, sp, dparams, *, cfg, dcfg, gamma, branch, tree_no
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "dcfg"))
-@entry.declare(entry.DRAFT_INIT)
+@entry.program(entry.DRAFT_INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, dparams, *, cfg: ModelConfig, dcfg: ModelConfig):
   """The loop state: the target cache from the shared prefill, the drafter's cache prefilled over the prompt."""
   del sp, cfg
@@ -311,17 +305,10 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, draft_mod
   drafts = "topk" if greedy else env.pop("drafts") or "sample"
   env.pop("drafts", None)
   dcfg = draft_model.config
-  init_kw = {"dparams": draft_model.params, "cfg": cfg, "dcfg": dcfg}
-  loop_kw = dict(init_kw, **env, drafts=drafts, greedy=greedy, random_init=random_init)
+  init_kw = {"dparams": draft_model.params, "dcfg": dcfg}
   settings = dict(env, draft_model=draft_model.source or dcfg.family, drafts=drafts)
-  return common.Decoder(
-      name="draft",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=env["gamma"] + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, dcfg=dcfg, settings=settings),
-      init_kw=init_kw,
-      loop_kw=loop_kw,
+  stats = functools.partial(summarize, cfg=cfg, dcfg=dcfg, settings=settings)
+  loop_kw = dict(init_kw, **env, drafts=drafts, greedy=greedy, random_init=random_init)
+  return common.round_decoder(
+      "draft", cfg, env["gamma"], initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw
   )

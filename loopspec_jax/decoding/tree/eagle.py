@@ -149,12 +149,7 @@ def after_verify(st: tv.TreeState, new, outputs, *, gamma: int) -> HeadState:
   return hs.replace(feat=outputs[-1].astype(hs.feat.dtype), q0=st.length - 1, hist=hist)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "feature", "depths", "gamma", "branch", "tree_nodes", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.HEAD_LOOP)
+@entry.program(entry.HEAD_LOOP, donate_argnames=("state",))
 def decode_loop(
     params, state, sp, head_params, *, cfg, feature, depths, gamma, branch, tree_nodes, greedy, random_init
 ):
@@ -172,8 +167,7 @@ def decode_loop(
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gamma", "width"))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig, gamma: int, width: int):
   del sp
   b, t = tokens.shape
@@ -190,8 +184,6 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
   1 + tree_nodes rows through all R steps. Drafting runs no core step."""
   r = cfg.recurrence
   draft_rows = gamma + 1 + (gamma - 1) * branch
-  hist = jax.device_get(st.extra.hist).sum(axis=0)  # rounds by accepted drafts
-  reached = {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(gamma + 1)}
   return common.DecodeStats.of_loop(
       "eagle",
       st,
@@ -207,8 +199,15 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, feature: str, gamma: int, bran
           "verify_layer_calls": (1 + tree_nodes) * adaptive.layer_calls(cfg, r),
       },
       per_request=tl.per_request(st),
-      totals=reached,
+      totals=rounds_accepting(st.extra.hist),
   )
+
+
+def rounds_accepting(hist) -> dict:
+  """The totals `rounds_accepting_k`, k = 0..gamma: rounds that accepted at least k drafts, from the per-request
+  histograms hist [B, gamma + 1] of rounds by accepted drafts (`level_acceptance` reads them)."""
+  hist = jax.device_get(hist).sum(axis=0)
+  return {f"rounds_accepting_{k}": int(hist[k:].sum()) for k in range(hist.shape[0])}
 
 
 def level_acceptance(stats) -> list:
@@ -262,25 +261,14 @@ class Eagle(HeadMethod):
     env = resolve(cfg, self.gamma, self.branch, self.tree_nodes)
     hc = self.heads.config
     feature, depths = hc["feature"], tuple(hc["depths"])
-    return common.Decoder(
-        name="eagle",
-        readout_depths=(cfg.recurrence,),
-        cache_group=1,
-        extra_positions=env["gamma"] + 1,
-        init=initial_state,
-        loop=decode_loop,
-        stats=functools.partial(summarize, cfg=cfg, feature=feature, **env),
-        init_kw={"cfg": cfg, "gamma": env["gamma"], "width": E.feature_width(hc)},
-        # the head's parameters travel as a keyword (traced, not static), like method='draft''s drafter
-        loop_kw=dict(
-            env,
-            head_params=self.heads.params,
-            cfg=cfg,
-            feature=feature,
-            depths=depths,
-            greedy=greedy,
-            random_init=random_init,
-        ),
+    stats = functools.partial(summarize, cfg=cfg, feature=feature, **env)
+    init_kw = {"gamma": env["gamma"], "width": E.feature_width(hc)}
+    # the head's parameters travel as a keyword (traced, not static), like method='draft''s drafter
+    loop_kw = dict(
+        env, head_params=self.heads.params, feature=feature, depths=depths, greedy=greedy, random_init=random_init
+    )
+    return common.round_decoder(
+        "eagle", cfg, env["gamma"], initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw
     )
 
   @classmethod

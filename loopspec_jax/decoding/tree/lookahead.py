@@ -131,12 +131,7 @@ def after_verify(st: tv.TreeState, new, outputs) -> LookaheadState:
   return jacobi_update(st.extra, st.tokens, st.length - 1, y, n_commit, ~st.done)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "window", "ngram", "guesses", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(params, state: tv.TreeState, sp, *, cfg: ModelConfig, window, ngram, guesses, greedy, random_init):
   """Rounds of (window + pool n-grams as one tree, one full-depth verify pass, Jacobi and pool update)."""
   drafter = tl.Drafter(
@@ -148,8 +143,7 @@ def decode_loop(params, state: tv.TreeState, sp, *, cfg: ModelConfig, window, ng
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "window", "ngram"))
-@entry.declare(entry.INIT)
+@entry.program(entry.INIT)
 def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig, window: int, ngram: int) -> tv.TreeState:
   del sp, cfg
   return tv.fresh_state(cache, tokens, lengths, initial_extra(tokens, lengths, window, ngram))
@@ -190,16 +184,11 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, window: int, ngram: int, guess
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **settings) -> common.Decoder:
   env = resolve(cfg, **settings)
-  return common.Decoder(
-      name="lookahead",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=max(env["window"], env["ngram"] - 1) + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env),
-      init_kw={"cfg": cfg, "window": env["window"], "ngram": env["ngram"]},
-      loop_kw=dict(env, cfg=cfg, greedy=greedy, random_init=random_init),
+  stats, depth = functools.partial(summarize, cfg=cfg, **env), max(env["window"], env["ngram"] - 1)
+  init_kw = {"window": env["window"], "ngram": env["ngram"]}
+  loop_kw = dict(env, greedy=greedy, random_init=random_init)
+  return common.round_decoder(
+      "lookahead", cfg, depth, initial_state, decode_loop, stats, init_kw=init_kw, loop_kw=loop_kw
   )
 
 
@@ -210,17 +199,13 @@ class Lookahead(Method):
 
   name = "lookahead"
   positional = ("window", "ngram", "guesses")
+  build_decoder = staticmethod(make_decoder)
   window: Optional[int] = None
   ngram: Optional[int] = None
   guesses: Optional[int] = None
 
   def validate(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.window, self.ngram, self.guesses)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(
-        cfg, greedy=greedy, random_init=random_init, window=self.window, ngram=self.ngram, guesses=self.guesses
-    )
 
   @classmethod
   def derived(cls, stats) -> dict:

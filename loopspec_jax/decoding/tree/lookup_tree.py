@@ -98,23 +98,11 @@ def draft(params, st: tv.TreeState, sp, *, ngram: int, gamma: int, candidates: i
   return st, build_tree(st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1], drafts, found, n_max)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "ngram", "gamma", "candidates", "greedy", "random_init"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(params, state: tv.TreeState, sp, *, cfg: ModelConfig, ngram, gamma, candidates, greedy, random_init):
   """Rounds of (C n-gram continuations as one tree, one full-depth verify pass) until every request is done."""
   drafter = tl.Drafter(draft=functools.partial(draft, ngram=ngram, gamma=gamma, candidates=candidates), max_depth=gamma)
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
-def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
-  del sp, cfg
-  return tv.fresh_state(cache, tokens, lengths)
 
 
 def validate_candidates(candidates) -> int:
@@ -147,23 +135,8 @@ def summarize(st: tv.TreeState, cfg: ModelConfig, ngram: int, gamma, gamma_max: 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, ngram: int, gamma, candidates: int):
   """The Decoder of method='lookup' with candidates > 1 (ngram validated by the caller)."""
   g, auto = adaptive.parse_gamma("lookup", gamma)
-  return common.Decoder(
-      name="lookup",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=g + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(
-          summarize, cfg=cfg, ngram=ngram, gamma="auto" if auto else g, gamma_max=g, candidates=candidates
-      ),
-      init_kw={"cfg": cfg},
-      loop_kw={
-          "cfg": cfg,
-          "ngram": ngram,
-          "gamma": g,
-          "candidates": candidates,
-          "greedy": greedy,
-          "random_init": random_init,
-      },
+  stats = functools.partial(
+      summarize, cfg=cfg, ngram=ngram, gamma="auto" if auto else g, gamma_max=g, candidates=candidates
   )
+  loop_kw = {"ngram": ngram, "gamma": g, "candidates": candidates, "greedy": greedy, "random_init": random_init}
+  return common.round_decoder("lookup", cfg, g, tl.initial_state, decode_loop, stats, loop_kw=loop_kw)

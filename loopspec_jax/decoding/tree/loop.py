@@ -10,6 +10,8 @@ rounds until every request is done (`common.loop_until_done`, one lax.while_loop
    last accepted node); with `mask_done` the loop keeps the old state in rows already done before the round.
 Each decoder's jitted `decode_loop` (its static arguments: one compile per configuration) builds its `Drafter`
 from closures over those static settings and calls `run` inside its trace, so the drafter needs no hashing.
+The initial states drafters share are here too: `initial_state` (no state of the drafter's own) and
+`feature_state` (`LastFeature`: the last accepted node's feature, Medusa's and MTP's).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import functools
 from typing import Callable, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -27,6 +30,8 @@ from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import entry
+from loopspec_jax.parallel.logical import axes_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,37 @@ def run(
     return new.replace(extra=keep_live(~st.done, extra, st.extra) if drafter.mask_done else extra)
 
   return common.loop_until_done(round_, state, sp)
+
+
+@entry.program(entry.INIT)
+def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
+  """The loop state of a drafter with no state of its own (self-speculation, lookup trees)."""
+  del sp, cfg
+  return tv.fresh_state(cache, tokens, lengths)
+
+
+@flax.struct.dataclass
+class LastFeature:
+  """The state of a drafter that drafts from one feature per request (Medusa, MTP): feature [B, E] float32,
+  the feature of the last accepted node (`Drafter.last_feature`); ready [B]: it has been computed."""
+
+  feature: jax.Array = axes_field("batch", None)
+  ready: jax.Array = axes_field("batch")
+
+
+@entry.program(entry.INIT)
+def feature_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
+  """The loop state of a `LastFeature` drafter: a zero feature, not ready (before the first round)."""
+  del sp
+  b = tokens.shape[0]
+  extra = LastFeature(jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
+  return tv.fresh_state(cache, tokens, lengths, extra)
+
+
+def keep_last_feature(st: tv.TreeState, new, outputs) -> LastFeature:
+  """`Drafter.after_verify` of a `LastFeature` drafter: the feature of the last accepted node, now ready."""
+  del new
+  return LastFeature(outputs[-1].astype(jnp.float32), jnp.ones_like(st.extra.ready))
 
 
 def per_request(st: tv.TreeState) -> dict:

@@ -26,7 +26,6 @@ import functools
 import itertools
 from typing import Optional, Union
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,18 +42,9 @@ from loopspec_jax.heads import medusa as heads_lib
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
-from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"tree_nodes": 16, "branch": 4}
 MAX_POOL = 4096
-
-
-@flax.struct.dataclass
-class MedusaState:
-  """feature [B, E] float32: h_a, the final feature the heads read; ready [B]: h_a has been computed."""
-
-  feature: jax.Array = axes_field("batch", None)
-  ready: jax.Array = axes_field("batch")
 
 
 def pool_layout(num_heads: int, branch: int):
@@ -92,7 +82,7 @@ def build_tree(hparams, feature, root, *, branch: int, tree_nodes: int) -> tv.Tr
   return select(cat(toks).astype(jnp.int32), cat(scores), bk(parent), bk(depth), tree_nodes)
 
 
-def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> MedusaState:
+def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> tl.LastFeature:
   """h_a for requests not ready yet: the final feature at position length - 2 (its token through the whole
   model as a one-node tree, attending to the cached prefix before it), zeros for a one-token prompt."""
   b = st.tokens.shape[0]
@@ -106,7 +96,7 @@ def prime(params, st: tv.TreeState, sp, *, cfg, layout, random_init: bool) -> Me
   final = entries["features"]["final"][:, 0].astype(jnp.float32)
   feat = jnp.where((st.length >= 2)[:, None], final, 0.0)
   ex = st.extra
-  return MedusaState(feature=jnp.where(ex.ready[:, None], ex.feature, feat), ready=jnp.ones_like(ex.ready))
+  return tl.LastFeature(feature=jnp.where(ex.ready[:, None], ex.feature, feat), ready=jnp.ones_like(ex.ready))
 
 
 def draft(hparams, params, st: tv.TreeState, sp, *, branch: int, tree_nodes: int):
@@ -116,16 +106,7 @@ def draft(hparams, params, st: tv.TreeState, sp, *, branch: int, tree_nodes: int
   return st, build_tree(hparams, st.extra.feature, root, branch=branch, tree_nodes=tree_nodes)
 
 
-def after_verify(st: tv.TreeState, new, outputs) -> MedusaState:
-  """h_a of the last accepted node; live rows only (the loop's mask)."""
-  del new
-  return st.extra.replace(feature=outputs[-1].astype(jnp.float32))
-
-
-@functools.partial(
-    jax.jit, static_argnames=("cfg", "branch", "tree_nodes", "greedy", "random_init"), donate_argnames=("state",)
-)
-@entry.declare(entry.HEAD_LOOP)
+@entry.program(entry.HEAD_LOOP, donate_argnames=("state",))
 def decode_loop(params, state: tv.TreeState, sp, hparams, *, cfg: ModelConfig, branch, tree_nodes, greedy, random_init):
   """Rounds of (the heads' tree from h_a, one full-depth verify pass, h_a of the last accepted node)."""
   layout = kvcache.CacheLayout.of(cfg, 1)
@@ -134,18 +115,9 @@ def decode_loop(params, state: tv.TreeState, sp, hparams, *, cfg: ModelConfig, b
       max_depth=hparams["w"].shape[0],
       last_feature="final",
       prime=functools.partial(prime, cfg=cfg, layout=layout, random_init=random_init),
-      after_verify=after_verify,
+      after_verify=tl.keep_last_feature,  # h_a of the last accepted node
   )
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
-def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
-  del sp
-  b = tokens.shape[0]
-  extra = MedusaState(feature=jnp.zeros((b, cfg.hidden_size), jnp.float32), ready=jnp.zeros((b,), bool))
-  return tv.fresh_state(cache, tokens, lengths, extra)
 
 
 def head_layer_calls(cfg: ModelConfig, num_heads: int) -> float:
@@ -200,24 +172,12 @@ def resolve(cfg: ModelConfig, heads, tree_nodes, branch) -> dict:
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, tree_nodes, branch) -> common.Decoder:
   env = resolve(cfg, heads, tree_nodes, branch)
-  return common.Decoder(
-      name="medusa",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=env["num_heads"] + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env),
-      init_kw={"cfg": cfg},
-      loop_kw=dict(
-          hparams=heads.params,  # traced: another head of the same shapes reuses the compiled loop
-          cfg=cfg,
-          branch=env["branch"],
-          tree_nodes=env["tree_nodes"],
-          greedy=greedy,
-          random_init=random_init,
-      ),
+  stats = functools.partial(summarize, cfg=cfg, **env)
+  # hparams traced: another head of the same shapes reuses the compiled loop
+  loop_kw = dict(
+      hparams=heads.params, branch=env["branch"], tree_nodes=env["tree_nodes"], greedy=greedy, random_init=random_init
   )
+  return common.round_decoder("medusa", cfg, env["num_heads"], tl.feature_state, decode_loop, stats, loop_kw=loop_kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,17 +189,13 @@ class Medusa(HeadMethod):
   kind = heads_lib.KIND
   example = "tiny-raven-medusa"
   positional = ("heads", "tree_nodes", "branch")
+  build_decoder = staticmethod(make_decoder)
   heads: Union[artefact.Heads, str, None] = dataclasses.field(default=None, compare=False)
   tree_nodes: Optional[int] = None
   branch: Optional[int] = None
 
   def validate_envelope(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.heads, self.tree_nodes, self.branch)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(
-        cfg, greedy=greedy, random_init=random_init, heads=self.heads, tree_nodes=self.tree_nodes, branch=self.branch
-    )
 
   @classmethod
   def derived(cls, stats) -> dict:

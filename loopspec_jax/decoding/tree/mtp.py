@@ -22,7 +22,6 @@ import dataclasses
 import functools
 from typing import Any, Optional
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -35,17 +34,8 @@ from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import mtp as head
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
-from loopspec_jax.parallel.logical import axes_field
 
 DEFAULTS = {"gamma": 1, "branch": 1}
-
-
-@flax.struct.dataclass
-class MTPState:
-  """feature [B, E] float32: the depth-R feature of the last accepted node; has [B]: a feature exists yet."""
-
-  feature: jax.Array = axes_field("batch", None)
-  has: jax.Array = axes_field("batch")
 
 
 def draft_tree(mp, params, feature, has, root, *, cfg: ModelConfig, gamma: int, branch: int) -> tv.Tree:
@@ -72,38 +62,19 @@ def draft(mparams, params, st: tv.TreeState, sp, *, cfg: ModelConfig, gamma: int
   """The round's tree from the root (the last committed token) and the last accepted feature."""
   del sp
   root = st.tokens[jnp.arange(st.tokens.shape[0]), st.length - 1]
-  return st, draft_tree(mparams, params, st.extra.feature, st.extra.has, root, cfg=cfg, gamma=gamma, branch=branch)
+  return st, draft_tree(mparams, params, st.extra.feature, st.extra.ready, root, cfg=cfg, gamma=gamma, branch=branch)
 
 
-def after_verify(st: tv.TreeState, new, outputs) -> MTPState:
-  """The feature of the last accepted node (the next round's root's parent); live rows only (the loop's mask)."""
-  del new
-  feat = outputs[-1]
-  return MTPState(feat.astype(st.extra.feature.dtype), jnp.ones_like(st.extra.has))
-
-
-@functools.partial(
-    jax.jit, static_argnames=("cfg", "gamma", "branch", "greedy", "random_init"), donate_argnames=("state",)
-)
-@entry.declare(entry.HEAD_LOOP)
+@entry.program(entry.HEAD_LOOP, donate_argnames=("state",))
 def decode_loop(params, state: tv.TreeState, sp, mparams, *, cfg: ModelConfig, gamma, branch, greedy, random_init):
   """Rounds of (MTP drafts from the last accepted feature, one full-depth verify pass) until all are done."""
   drafter = tl.Drafter(
       draft=functools.partial(draft, mparams, cfg=cfg, gamma=gamma, branch=branch),
       max_depth=gamma,
       last_feature="hidden",
-      after_verify=after_verify,
+      after_verify=tl.keep_last_feature,  # the next round's root's parent
   )
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
-def initial_state(cache, tokens, lengths, sp, *, cfg: ModelConfig) -> tv.TreeState:
-  del sp
-  b = tokens.shape[0]
-  extra = MTPState(jnp.zeros((b, cfg.hidden_size), jnp.float32), jnp.zeros((b,), bool))
-  return tv.fresh_state(cache, tokens, lengths, extra)
 
 
 def summarize(st: tv.TreeState, cfg: ModelConfig, gamma: int, branch: int):
@@ -148,17 +119,9 @@ def check_shapes(heads, model) -> None:
 
 def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, heads, **settings) -> common.Decoder:
   env = resolve(cfg, **settings)
-  return common.Decoder(
-      name="mtp",
-      readout_depths=(cfg.recurrence,),
-      cache_group=1,
-      extra_positions=env["gamma"] + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env),
-      init_kw={"cfg": cfg},
-      loop_kw=dict(env, mparams=heads.params, cfg=cfg, greedy=greedy, random_init=random_init),
-  )
+  stats = functools.partial(summarize, cfg=cfg, **env)
+  loop_kw = dict(env, mparams=heads.params, greedy=greedy, random_init=random_init)
+  return common.round_decoder("mtp", cfg, env["gamma"], tl.feature_state, decode_loop, stats, loop_kw=loop_kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +133,7 @@ class MTP(HeadMethod):
   kind = head.KIND
   example = "tiny-raven-mtp"
   positional = ("gamma", "branch")
+  build_decoder = staticmethod(make_decoder)
   heads: Any = dataclasses.field(default=None, compare=False)
   gamma: Optional[int] = None
   branch: Optional[int] = None
@@ -180,11 +144,6 @@ class MTP(HeadMethod):
   def check_target(self, model) -> None:
     super().check_target(model)
     check_shapes(self.heads, model)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(
-        cfg, greedy=greedy, random_init=random_init, heads=self.heads, gamma=self.gamma, branch=self.branch
-    )
 
   @classmethod
   def derived(cls, stats) -> dict:

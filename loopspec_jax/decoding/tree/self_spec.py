@@ -57,16 +57,20 @@ def _children(logits, branch: int):
   return jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), branch)
 
 
+def level_noise(sp, p0, lvl: int, s: int, *, cfg, random_init: bool):
+  """The random initial states [B, s, E] of s draft queries at depth lvl below the roots at p0 [B] (all at
+  position p0 + lvl: Raven 'like-init'), or None (zero initial states)."""
+  if not random_init:
+    return None
+  return jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (p0.shape[0], s, cfg.hidden_size))
+
+
 def draft_tree(params, cache, layout, tokens, p0, sp, *, cfg, d1, gamma, branch, tree_nodes, random_init):
   """The round's tree (`verify.Tree`, [B, 1 + tree_nodes]) drafted from the depth-d1 readout (module
   docstring). Reads the cache only. Pool order: the root, the depth-1 candidates, then branch^2 per level."""
   b = tokens.shape[0]
   root = tokens[jnp.arange(b), p0]
-  noise = lambda lvl, s: (
-      jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (b, s, cfg.hidden_size))
-      if random_init
-      else None
-  )
+  noise = functools.partial(level_noise, sp, p0, cfg=cfg, random_init=random_init)
 
   def level(past, lvl, toks, order, past_mask):
     del order
@@ -145,11 +149,7 @@ def draft_static(
   (deterministic drafts, shape="sequoia" greedy)."""
   b = tokens.shape[0]
   root = tokens[jnp.arange(b), p0]
-  noise = lambda lvl, s: (
-      jnp.broadcast_to(common.state_noise(sp, (p0 + lvl)[:, None], cfg), (b, s, cfg.hidden_size))
-      if random_init
-      else None
-  )
+  noise = functools.partial(level_noise, sp, p0, cfg=cfg, random_init=random_init)
   logits0, past = run_level(params, cache, layout, root[:, None], p0, 0, None, None, d1, cfg, noise(0, 1))
 
   def run(lvl, toks, past, pm):
@@ -188,12 +188,7 @@ def draft(params, st: tv.TreeState, sp, *, cfg, layout, envelope: dict, drafts: 
   return st, draft_tree(*args, cfg=cfg, **envelope)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "d1", "gamma", "branch", "tree_nodes", "drafts", "greedy", "random_init", "shape"),
-    donate_argnames=("state",),
-)
-@entry.declare(entry.LOOP)
+@entry.program(entry.LOOP, donate_argnames=("state",))
 def decode_loop(
     params, state, sp, *, cfg: ModelConfig, d1, gamma, branch, tree_nodes, drafts, greedy, random_init, shape=None
 ):
@@ -213,13 +208,6 @@ def decode_loop(
       verify=tl.sampled_verify(drafts) if sample else tv.verify_round,
   )
   return tl.run(params, state, sp, drafter, cfg=cfg, greedy=greedy, random_init=random_init)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-@entry.declare(entry.INIT)
-def initial_state(cache, tokens, lengths, sp: common.SamplingParams, *, cfg: ModelConfig) -> tv.TreeState:
-  del sp, cfg
-  return tv.fresh_state(cache, tokens, lengths)
 
 
 def summarize(
@@ -327,20 +315,12 @@ def make_decoder(cfg: ModelConfig, *, greedy: bool, random_init: bool, **envelop
   env.pop("drafts", None)
   shape, accept = env.pop("shape"), env.pop("accept")
   static = static_shape_of(env["gamma"], env["branch"], env["tree_nodes"], drafts, shape, accept)
-  loop_kw = dict(env, cfg=cfg, drafts=drafts, greedy=greedy, random_init=random_init)
+  loop_kw = dict(env, drafts=drafts, greedy=greedy, random_init=random_init)
   if shape == "sequoia":
     loop_kw["shape"] = static
-  return common.Decoder(
-      name="tree",
-      readout_depths=(env["d1"], cfg.recurrence),
-      cache_group=1,
-      extra_positions=env["gamma"] + 1,
-      init=initial_state,
-      loop=decode_loop,
-      stats=functools.partial(summarize, cfg=cfg, **env, drafts=drafts, shape=shape, accept=accept),
-      init_kw={"cfg": cfg},
-      loop_kw=loop_kw,
-  )
+  stats = functools.partial(summarize, cfg=cfg, **env, drafts=drafts, shape=shape, accept=accept)
+  d1, gamma = env["d1"], env["gamma"]
+  return common.round_decoder("tree", cfg, gamma, tl.initial_state, decode_loop, stats, d1=d1, loop_kw=loop_kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,6 +340,7 @@ class TreeSelf(Method):
 
   name = "tree"
   positional = ("d1", "gamma", "branch", "tree_nodes")
+  build_decoder = staticmethod(make_decoder)
   d1: Optional[int] = None
   gamma: Optional[int] = None
   branch: Optional[int] = None
@@ -370,20 +351,6 @@ class TreeSelf(Method):
 
   def validate(self, cfg: ModelConfig) -> None:
     resolve(cfg, self.d1, self.gamma, self.branch, self.tree_nodes, self.drafts, self.shape, self.accept)
-
-  def make_decoder(self, cfg: ModelConfig, *, greedy: bool, random_init: bool) -> common.Decoder:
-    return make_decoder(
-        cfg,
-        greedy=greedy,
-        random_init=random_init,
-        d1=self.d1,
-        gamma=self.gamma,
-        branch=self.branch,
-        tree_nodes=self.tree_nodes,
-        drafts=self.drafts,
-        shape=self.shape,
-        accept=self.accept,
-    )
 
   @classmethod
   def derived(cls, stats) -> dict:

@@ -69,16 +69,7 @@ class TreeState:
 
 
 def fresh_state(cache, tokens, lengths, extra=None) -> TreeState:
-  zb = jnp.zeros((tokens.shape[0],), jnp.int32)
-  return TreeState(
-      cache=cache,
-      **common.fresh_counters(tokens, lengths),
-      rounds=zb,
-      accepted=zb,
-      nodes=zb,
-      iterations=jnp.int32(0),
-      extra=extra,
-  )
+  return TreeState(cache=cache, **common.fresh_counters(tokens, lengths, "rounds", "accepted", "nodes"), extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -284,18 +275,9 @@ def tree_figures(stats) -> dict:
   """Figures of a tree run: tau = tokens per full-depth verify pass, accepted draft nodes per pass, nodes
   verified per pass, acceptance per verified node, drafting's share of the row layer calls (settings
   `draft_layer_calls` / `verify_layer_calls` per round)."""
-  st, n = stats.settings, stats.tokens
-  rounds, accepted, nodes = stats.count("rounds"), stats.count("accepted"), stats.count("nodes")
-  draft, verify = rounds * st.get("draft_layer_calls", 0), rounds * st.get("verify_layer_calls", 1)
-  tau = n / max(rounds, 1)
-  return {
-      "tau": tau,
-      "tokens_per_pass": tau,
-      "tokens_per_round": tau,
-      "mean_accepted_length": tau,
-      "accepted_per_pass": accepted / max(rounds, 1),
-      "nodes_per_pass": nodes / max(rounds, 1),
-      "acceptance": accepted / max(nodes, 1),
-      "acceptance_rate": accepted / max(nodes, 1),
-      "draft_cost_share": draft / max(draft + verify, 1e-9),
-  }
+  st, rounds = stats.settings, stats.count("rounds")
+  out = stats.pass_figures("nodes", rounds * st.get("draft_layer_calls", 0), rounds * st.get("verify_layer_calls", 1))
+  per_round = lambda name: stats.count(name) / max(rounds, 1)
+  return dict(
+      out, tau=out["tokens_per_pass"], accepted_per_pass=per_round("accepted"), nodes_per_pass=per_round("nodes")
+  )

@@ -21,6 +21,7 @@ from loopspec_jax import methods
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import lookup
 from loopspec_jax.decoding.tree import lookup_tree as lt
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 
 # Prompts with repeats (matches to find), of different lengths, in the (16, 32) length bucket of PROMPTS.
@@ -91,7 +92,7 @@ def test_greedy_equals_ar_every_family_random_and_contractive(spec):
 def test_sampled_top_k_equals_ar_one_compile():
   model = tiny_model("huginn:tiny", 0.05)
   kw = dict(temperature=1.0, top_k=20)
-  entries = [(common, "prefill_state"), (lt, "initial_state"), (lt, "decode_loop")]
+  entries = [(common, "prefill_state"), (tl, "initial_state"), (lt, "decode_loop")]
   runs = helpers.sampling_runs(model, SPEC, kw, entries)
   assert runs["cache_sizes"] == (1, 1, 1), runs["cache_sizes"]
   helpers.assert_seeded_and_batch_independent(runs, model.config.vocab_size)

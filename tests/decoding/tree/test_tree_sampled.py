@@ -29,6 +29,7 @@ import loopspec_jax
 from helpers import MAX_NEW, PROMPTS, tiny_model
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import draft_tree
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import specinfer
 from loopspec_jax.decoding.tree import spectr
@@ -125,7 +126,7 @@ def test_sampled_drafts_trace_once_and_are_seeded(method):
     entries = [(common, "prefill_state"), (draft_tree, "initial_state"), (draft_tree, "decode_loop")]
   else:
     kw = dict(d1=1, **ENV, drafts="sample", temperature=1.0)
-    entries = [(common, "prefill_state"), (self_spec, "initial_state"), (self_spec, "decode_loop")]
+    entries = [(common, "prefill_state"), (tl, "initial_state"), (self_spec, "decode_loop")]
   runs = helpers.sampling_runs(model, method, kw, entries)
   assert runs["cache_sizes"] == (1, 1, 1)
   helpers.assert_seeded_and_batch_independent(runs, model.config.vocab_size)

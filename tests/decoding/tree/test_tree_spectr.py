@@ -22,6 +22,7 @@ import helpers
 import loopspec_jax
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding.tree import draft_tree
+from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.decoding.tree import specinfer
@@ -190,7 +191,7 @@ def test_kseq_tree_is_batched_seeded_and_compiles_once():
   rule): four sampling calls (seeds, request ids, batch positions) under fresh jits, one program each."""
   model = helpers.tiny_model("huginn:tiny", 0.05)
   kw = dict(d1=1, **ENV, drafts="kseq", temperature=1.0)
-  entries = [(common, "prefill_state"), (self_spec, "initial_state"), (self_spec, "decode_loop")]
+  entries = [(common, "prefill_state"), (tl, "initial_state"), (self_spec, "decode_loop")]
   runs = helpers.sampling_runs(model, "tree", kw, entries)
   assert runs["cache_sizes"] == (1, 1, 1)
   helpers.assert_seeded_and_batch_independent(runs, model.config.vocab_size)
