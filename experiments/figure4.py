@@ -15,7 +15,6 @@ Writes figure4.json (everything), table.md (the best rows), candidates.md (every
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

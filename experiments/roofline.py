@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import datetime
 import functools
-import json
 import os
 import platform
 

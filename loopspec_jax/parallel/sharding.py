@@ -8,7 +8,8 @@ through flax's logical mapping, and heads a mesh axis does not divide are laid o
 pads the batch to the data axis (`pad_requests`, `drop_padding`) and runs the decode entry points sharded.
 
 Entry points (prefill, each method's initial state and decode loop; each declares its argument kinds where it
-is defined, `@entry.declare(entry.LOOP)` under its jax.jit, see `parallel/entry.py`) run as
+is defined, `@entry.program(entry.LOOP)`, or `@entry.declare(...)` under its own jax.jit, see
+`parallel/entry.py`) run as
 `jax.jit(run_sharded, in_shardings=..., out_shardings=..., donate_argnums=..., static_argnums=...)`, under
 `jax.set_mesh(mesh)`, on inputs placed up front: `entry(fn, mesh)` returns that sharded version of `fn`
 (`fn` itself when mesh is None, so the single-device path is unchanged). The shardings are built at each call
@@ -168,12 +169,13 @@ def is_entry_point(fn) -> bool:
 
 def entry_point(fn) -> EntryPoint:
   """The EntryPoint `fn` (a jitted decode function or its Python function) declares where it is defined
-  (`@entry.declare(...)` under its jax.jit); a KeyError naming it when it declares none."""
+  (`@entry.program(...)`, or `@entry.declare(...)` under its jax.jit); a KeyError naming it when it declares
+  none."""
   ep = entry_lib.declared(fn)
   if ep is None:
     raise KeyError(
         f"{entry_name(fn)} is not a sharded decode entry point: declare one with "
-        "@loopspec_jax.parallel.entry.declare(...) under its jax.jit"
+        "@loopspec_jax.parallel.entry.program(...) (or entry.declare(...) under its jax.jit)"
     )
   return ep
 
