@@ -48,7 +48,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import inspect
 import math
 import json
 import os
@@ -75,6 +74,7 @@ from loopspec_configs.models import model_config
 from loopspec_jax.decoding import common
 from loopspec_jax.decoding import sampling
 from loopspec_jax.models import looped
+from loopspec_jax.parallel import entry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -151,13 +151,11 @@ def assert_rejected_before_compiling(model, args: dict, match: str, entry_points
 def fresh_jit(fn, max_traces: int = 1):
   """A fresh `jax.jit` of the undecorated jitted `fn` that raises when traced more than `max_traces` times.
 
-  The keyword-only parameters of the undecorated function are its static arguments (the package's convention,
-  e.g. `decode_loop(params, state, sp, *, cfg, d1, ...)`). The fresh jit starts with an empty cache, so its
-  `_cache_size()` counts exactly the programs compiled through it.
+  Its static arguments are the entry point's (`entry.static_argnames`: the keyword-only parameters). The fresh
+  jit starts with an empty cache, so its `_cache_size()` counts exactly the programs compiled through it.
   """
   raw = fn.__wrapped__
-  static = tuple(n for n, p in inspect.signature(raw).parameters.items() if p.kind == p.KEYWORD_ONLY)
-  return jax.jit(chex.assert_max_traces(raw, n=max_traces), static_argnames=static)
+  return jax.jit(chex.assert_max_traces(raw, n=max_traces), static_argnames=entry.static_argnames(raw))
 
 
 def sampling_runs(model, method: str, method_kw: dict, entry_points) -> dict:

@@ -83,11 +83,16 @@ def program(ep: EntryPoint, *, donate_argnames: tuple = ()) -> Callable:
   state)."""
 
   def jitted(fn):
-    params = inspect.signature(fn).parameters
-    static = tuple(name for name, p in params.items() if p.kind == p.KEYWORD_ONLY)
-    return jax.jit(declare(ep)(fn), static_argnames=static, donate_argnames=donate_argnames)
+    return jax.jit(declare(ep)(fn), static_argnames=static_argnames(fn), donate_argnames=donate_argnames)
 
   return jitted
+
+
+def static_argnames(fn: Callable) -> tuple:
+  """The static arguments of an entry point: the keyword-only parameters of its Python function (the
+  package's convention, e.g. `decode_loop(params, state, sp, *, cfg, d1, ...)`)."""
+  params = inspect.signature(fn).parameters
+  return tuple(name for name, p in params.items() if p.kind == p.KEYWORD_ONLY)
 
 
 def declared(fn) -> Optional[EntryPoint]:
