@@ -26,148 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from unittest import mock
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 import loopspec_jax
-from loopspec_jax.decoding import common
-from loopspec_jax.decoding.tree import select as select_lib
-from loopspec_jax.decoding.tree import self_spec
-from loopspec_jax.experiment.prompts import load_prompt_set
-from loopspec_jax.models import kvcache
-from loopspec_jax.models import looped as M
-
-QUOTAS = {"even": None, "front": (4, 8, 7, 6, 4, 3), "back": (4, 4, 5, 6, 6, 7), "mid": (4, 7, 7, 6, 5, 3)}
-
-
-def prefilled_text(model, seqs, d1: int, gamma: int, sp):
-  """AR's texts `seqs` padded into tokens [B, T] (T = longest + gamma + 2, room for a tree past any offset),
-  their prefilled cache at readout depths (d1, R) and its layout: what every replay here drafts from."""
-  cfg = model.config
-  b, t = len(seqs), max(len(s) for s in seqs) + gamma + 2
-  tokens = np.zeros((b, t), np.int32)
-  for i, s in enumerate(seqs):
-    tokens[i, : len(s)] = s
-  cache, _ = common.prefill_state(
-      model.params,
-      jnp.asarray(tokens),
-      jnp.asarray([len(s) for s in seqs], jnp.int32),
-      sp,
-      cfg=cfg,
-      readout_depths=(d1, cfg.recurrence),
-      total_len=t,
-      random_init=False,
-  )
-  return tokens, cache, kvcache.CacheLayout.of(cfg, 2)
-
-
-def pools(model, seqs, plens, d1: int, gamma: int, branch: int, new: int) -> dict:
-  """The drafted pool at every offset 0..new-1 of every request: arrays [O, B, P] (tokens, score, parent,
-  depth) and truth [O, B, P] (AR's token at each node's position)."""
-  cfg = model.config
-  b = len(seqs)
-  sp = common.make_sampling_params(b, new, 0.0, 0, 1.0, 0, None)
-  tokens, cache, layout = prefilled_text(model, seqs, d1, gamma, sp)
-  t = tokens.shape[1]
-  env = dict(cfg=cfg, d1=d1, gamma=gamma, branch=branch, tree_nodes=1, random_init=False)
-
-  @jax.jit
-  def draft(params, cache, toks, p0):
-    with mock.patch.object(self_spec, "select", lambda tok, score, par, dep, n: (tok, score, par, dep)):
-      return self_spec.draft_tree(M.prepare_params(params, cfg), cache, layout, toks, p0, sp, **env)
-
-  out = {k: [] for k in ("tokens", "score", "parent", "depth", "truth")}
-  for o in range(new):
-    p0 = jnp.asarray(plens, jnp.int32) - 1 + o
-    tok, score, par, dep = (np.asarray(x) for x in draft(model.params, cache, jnp.asarray(tokens), p0))
-    pos = np.clip(np.asarray(p0)[:, None] + dep, 0, t - 1)
-    truth = np.take_along_axis(tokens, pos, axis=1)
-    for k, v in zip(out, (tok, score, par, dep, truth)):
-      out[k].append(v)
-  return {k: np.stack(v) for k, v in out.items()}
-
-
-def on_path(tok, par, truth, valid=None):
-  """[..., P] bool: the node and all its ancestors are valid and carry AR's tokens (the root always does)."""
-  ok = tok == truth
-  if valid is not None:
-    ok &= valid
-  ok[..., 0] = True
-  for i in range(1, tok.shape[-1]):  # parents come first
-    ok[..., i] &= np.take_along_axis(ok, par[..., i : i + 1], axis=-1)[..., 0]
-  return ok
-
-
-def depth_of(ok, dep):
-  return np.max(np.where(ok, dep, 0), axis=-1)
-
-
-def rule_depths(pool, tree_fn) -> np.ndarray:
-  """Accepted depth [O, B] of the tree a rule `tree_fn(tokens, score, parent, depth) -> verify.Tree` builds."""
-  o, b, p = pool["tokens"].shape
-  flat = [jnp.asarray(pool[k].reshape(o * b, p)) for k in ("tokens", "score", "parent", "depth")]
-  tree = tree_fn(*flat)
-  tr = {k: np.asarray(getattr(tree, k)).reshape(o, b, -1) for k in ("tokens", "parent", "depth", "valid")}
-  by_depth = np.zeros((o, b, int(pool["depth"].max()) + 1), pool["truth"].dtype)  # AR's token at each depth
-  np.put_along_axis(by_depth, pool["depth"], pool["truth"], axis=-1)
-  truth = np.take_along_axis(by_depth, tr["depth"], axis=-1)
-  return depth_of(on_path(tr["tokens"], tr["parent"], truth, tr["valid"]), tr["depth"])
-
-
-def runs(ok, gamma: int) -> np.ndarray:
-  """[O, B]: consecutive True of ok [O, B] from each offset on, at most gamma (past the end: False)."""
-  k = np.zeros(ok.shape, np.int64)
-  alive = np.ones(ok.shape, bool)
-  for j in range(gamma):
-    alive &= np.concatenate([ok[j:], np.zeros((j,) + ok.shape[1:], bool)])
-    k += alive
-  return k
-
-
-def simulate(k, new: int) -> dict:
-  """Rounds along AR's text with accepted depth k [O, B] at each offset: tau and the round starts' k."""
-  tokens = rounds = 0
-  starts = []
-  for b in range(k.shape[1]):
-    n = 0
-    while n < new:
-      kk = min(int(k[n, b]), new - n - 1)
-      starts.append((n, b, kk, kk < int(k[n, b])))
-      n += kk + 1
-      rounds += 1
-    tokens += n
-  return {"tau": tokens / rounds, "rounds": rounds, "starts": starts}
-
-
-def analyse(pool, gamma: int, branch: int, nodes: int, new: int) -> dict:
-  first = pool["tokens"][:, :, 1 : 1 + branch]  # depth-1 candidates, argmax first
-  truth1 = pool["truth"][:, :, 1]
-  top1, topb = first[..., 0] == truth1, np.any(first == truth1[..., None], axis=-1)
-  rules = {
-      "chain (rank 0)": runs(top1, gamma),
-      f"by_score, {nodes} nodes (the decoder's rule)": rule_depths(pool, lambda *a: select_lib.by_score(*a, nodes)),
-  }
-  for name, q in QUOTAS.items():
-    q = select_lib.even_quotas(branch, gamma, nodes) if q is None else q
-    rules[f"by_level {name} {tuple(q)}"] = rule_depths(pool, lambda *a, q=q: select_lib.by_level(*a, q))
-  rules["pool oracle (perfect ranking of this pool)"] = depth_of(
-      on_path(pool["tokens"], pool["parent"], pool["truth"]), pool["depth"]
-  )
-  rules[f"top-{branch} oracle (AR's token in the d1 top-{branch} at every level)"] = runs(topb, gamma)
-  out = {"tau": {name: simulate(k, new)["tau"] for name, k in rules.items()}}
-  sim = simulate(rules[f"by_score, {nodes} nodes (the decoder's rule)"], new)
-  ks = np.array([s[2] for s in sim["starts"] if not s[3]])
-  out["per_depth_acceptance"] = [
-      float(np.mean(ks[ks >= d - 1] >= d)) if np.any(ks >= d - 1) else None for d in range(1, gamma + 1)
-  ]
-  miss = [bool(topb[n + kk, b]) for n, b, kk, clipped in sim["starts"] if not clipped and kk < gamma and n + kk < new]
-  out["rejected_in_top_branch"] = float(np.mean(miss)) if miss else None
-  out["rejections"] = len(miss)
-  out["per_level_top1_top_branch"] = [float(np.mean(top1)), float(np.mean(topb))]
-  return out
+from loopspec_jax.experiment.tree_replay import analyse
+from loopspec_jax.experiment.tree_replay import continuation
+from loopspec_jax.experiment.tree_replay import pools
 
 
 def _f(x):
@@ -219,11 +82,9 @@ def main():
   model = loopspec_jax.load("tiny-raven")
   results = {}
   for task in args.tasks.split(","):
-    prompts = load_prompt_set(task, model, args.num, 0, 0)
-    ar = loopspec_jax.generate(model, prompts, max_new_tokens=args.new, method="ar")
-    seqs = [p + t for p, t in zip(prompts, ar.tokens)]
+    seqs, plens = continuation(model, task, 0, args.num, args.new)
     for d1 in (int(x) for x in args.d1.split(",")):
-      pool = pools(model, seqs, [len(p) for p in prompts], d1, args.gamma, args.branch, args.new)
+      pool = pools(model, seqs, plens, d1, args.gamma, args.branch, args.new)
       results[f"{task}/{d1}"] = analyse(pool, args.gamma, args.branch, args.nodes, args.new)
       print(task, d1, json.dumps(results[f"{task}/{d1}"]), flush=True)
   os.makedirs(args.out, exist_ok=True)
