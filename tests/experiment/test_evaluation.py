@@ -1,5 +1,6 @@
-"""loopspec-evaluate's honest labels, without the harness: the table's shots column says when the backend cut
-few-shot prompts to fit the context, and a resumed evaluation says which rows it skipped."""
+"""loopspec_jax/experiment/evaluation.py (loopspec-evaluate) without the harness: the config checks, the metrics
+of a harness result, the rows' ratios against AR and the table; its honest labels (the shots column says when
+the backend cut few-shot prompts to fit the context; a resumed evaluation says which rows it skipped)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import types
 import pytest
 
 from loopspec_configs.eval import default
-from loopspec_experiments import evaluate
+from loopspec_jax.experiment import evaluation as evaluate
 
 
 class FakeLM:
@@ -81,3 +82,48 @@ def test_resumed_evaluation_says_which_rows_it_skipped(tmp_path, monkeypatch, ca
   assert (
       f"resuming: 2 row(s) already in {tmp_path}/eval.jsonl, skipped: {task} / ar; {task} / loopspec(d1=2,d2=8)" in out
   )
+
+
+def test_config_errors_come_before_anything_loads():
+  cfg = default.get_config()
+  cfg.tasks, cfg.methods = "loopspec_gsm8k_cot", "ar;loopspec:d1=2,d2=8"
+  tasks, methods = evaluate.check_config(cfg)
+  assert tasks == ["loopspec_gsm8k_cot"] and [m.label for m in methods] == ["ar", "loopspec(d1=2,d2=8)"]
+  for field, value, match in (
+      ("methods", "ar;ar", "methods repeat"),
+      ("methods", "", "no methods"),
+      ("tasks", " ", "no tasks"),
+      ("batch_size", 0, "batch_size"),
+      ("offline", "maybe", "offline must be"),
+  ):
+    bad = default.get_config()
+    bad.tasks, bad.methods = cfg.tasks, cfg.methods
+    setattr(bad, field, value)
+    with pytest.raises(ValueError, match=match):
+      evaluate.check_config(bad)
+
+
+def test_metrics_digest_ratios_and_table():
+  res = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1, "flag": True}}}
+  assert evaluate.metrics_of(res, "t") == {"acc,none": 0.5}
+  assert evaluate.metrics_of({"groups": {"g": {"acc,none": 1}}}, "g") == {"acc,none": 1}
+  s1 = [{"doc_id": 1, "resps": [["x"]]}, {"doc_id": 0, "resps": [["y"]]}]
+  assert evaluate.responses_digest(s1) == evaluate.responses_digest(s1[::-1] + s1)  # order and filters
+  assert evaluate.responses_digest(None) is None
+  speed = lambda tps: {
+      "tokens_per_second": tps,
+      "mean_accepted_length": 2.0,
+      "commits": dict(first=1, second=2, restart=0),
+  }
+  base = dict(model="m", task="t", metric="acc,none", accuracy=0.5, docs=3, n_shot=0, greedy=True)
+  rows = evaluate.with_ratios(
+      [
+          dict(base, method="ar", speed=speed(10.0), responses_sha256="a"),
+          dict(base, method="loopspec", speed=speed(25.0), responses_sha256="a"),
+          dict(base, method="chain", speed=None, responses_sha256="b"),
+      ]
+  )
+  assert [r["ratio_vs_ar"] for r in rows] == [1.0, 2.5, None]
+  assert [r["identical_to_ar"] for r in rows] == [True, True, False]
+  lines = evaluate.table(rows).splitlines()
+  assert len(lines) == 5 and "| 2.50x | 2.00 | 1/2/0 | yes | 3 |" in lines[3] and "| - | - | - | NO | 3 |" in lines[4]
