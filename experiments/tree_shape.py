@@ -10,7 +10,7 @@
    matrix, each task's own flat vector; beside them draft_tree's ACCEPT_GUESS shape.
 3. Evaluation (the benchmark's prompts 0..7): every shape drafted at every offset of AR's continuation with
    `draft_tree.expand(sample=False)` (exactly what the decoder drafts), its accepted depth, rounds simulated
-   along AR's text (`simulate`): tau. Writes out/shape.json and out/shape.md.
+   along AR's text (`tree_replay.simulate`): tau. Writes out/shape.json and out/shape.md.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import loopspec_jax
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.experiment.tree_accept import accept_stats
-from loopspec_jax.experiment.tree_accept import sample_depths
-from loopspec_jax.experiment.tree_accept import shape_value
+from loopspec_jax.experiment.tree_accept import value_and_tau
 from loopspec_jax.experiment.tree_replay import continuation
+from loopspec_jax.experiment.tree_replay import pooled_accept
 from loopspec_jax.experiment.tree_replay import pools
 from loopspec_jax.experiment.tree_replay import rank_counts
+from loopspec_jax.experiment.tree_replay import sequoia_shapes
 from loopspec_jax.experiment.tree_replay import shape_depths
 from loopspec_jax.experiment.tree_replay import simulate
 
@@ -63,8 +64,7 @@ def sampled_main(args, model, tasks):
           "sequoia per-depth": tuple(map(tuple, per_depth)),
           "sequoia greedy vector": sequoia.default_accept(d1, "greedy", br),
       }
-      shapes = {k: sequoia.sequoia_shape(sequoia.parse_accept(v, g, br), g, br, n) for k, v in cand.items()}
-      shapes["ACCEPT_GUESS static"] = dt.static_shape(g, br, n)
+      shapes = sequoia_shapes(cand, g, br, n)
       shapes["chain (gamma nodes, rank 0)"] = dt.ordered_shape(list(range(-1, g)), list(range(g + 1)), [0] * (g + 1), g)
       if "bound" in mode:  # the Sequoia model's value of the best shape under the bound's vector (per depth)
         acc = sequoia.parse_accept(cand["sequoia per-depth"], g, br)
@@ -79,10 +79,7 @@ def sampled_main(args, model, tasks):
         res["tau"][key], res["value"][key] = {}, {}
         for tk in tasks:
           w = stats["eval", tk][mode][1]
-          res["value"][key][tk] = float(shape_value(shape, w).mean())
-          res["tau"][key][tk] = float(
-              np.mean([simulate(sample_depths(shape, w, rng), new)["tau"] for _ in range(args.reps)])
-          )
+          res["value"][key][tk], res["tau"][key][tk] = value_and_tau(shape, w, new, args.reps, rng)
         cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
         lines.append(f"| {d1} | {mode} | {name} | {_vec(flat)} | {cols} |")
         print(d1, key, res["tau"][key], shape.depth, shape.rank, flush=True)
@@ -117,9 +114,7 @@ def kseq_rows(args, d1: int, stats, tasks, res, rng) -> list:
     res["tau"][key], res["value"][key] = {}, {}
     for tk in tasks:
       w = stats["eval", tk]["kseq"][1]
-      res["value"][key][tk] = float(shape_value(shape, w, counts=True).mean())
-      sims = [simulate(sample_depths(shape, w, rng, counts=True), new)["tau"] for _ in range(args.reps)]
-      res["tau"][key][tk] = float(np.mean(sims))
+      res["value"][key][tk], res["tau"][key][tk] = value_and_tau(shape, w, new, args.reps, rng, counts=True)
     res.setdefault("model", {})[key] = sequoia.expected_accepted_counts(shape, table)
     cols = " | ".join(f"{res['tau'][key][tk]:.2f} ({res['value'][key][tk]:.2f})" for tk in tasks)
     lines.append(f"| {d1} | kseq | {name} | {shown} | {cols} |")
@@ -169,15 +164,11 @@ def main():
     for t in tasks:
       pool = pools(model, *calib[t], d1, g, br, args.new)
       counts[t] = rank_counts(pool, g, br, args.new)
-    hits = sum(c[0] for c in counts.values())
-    trials = sum(c[1] for c in counts.values())
-    per_depth = hits / np.maximum(trials, 1)[:, None]
-    flat = hits.sum(0) / max(trials.sum(), 1)
+    flat, per_depth = pooled_accept(counts)
     cand = {"sequoia pooled flat": tuple(flat), "sequoia pooled per-depth": tuple(map(tuple, per_depth))}
     for t in tasks:
       cand[f"sequoia {t} flat"] = tuple(counts[t][0].sum(0) / max(counts[t][1].sum(), 1))
-    shapes = {k: sequoia.sequoia_shape(sequoia.parse_accept(v, g, br), g, br, n) for k, v in cand.items()}
-    shapes["ACCEPT_GUESS static"] = dt.static_shape(g, br, n)
+    shapes = sequoia_shapes(cand, g, br, n)
     res = {"calibration": {t: {"hits": c[0].tolist(), "trials": c[1].tolist()} for t, c in counts.items()}}
     res["accept"] = {k: np.asarray(v).tolist() for k, v in cand.items()}
     res["tau"] = {}

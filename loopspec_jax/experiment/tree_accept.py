@@ -17,6 +17,7 @@ from loopspec_jax.decoding import passes
 from loopspec_jax.decoding.tree import spectr
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.experiment.tree_replay import prefilled_text
+from loopspec_jax.experiment.tree_replay import simulate
 from loopspec_jax.models import looped as M
 
 
@@ -173,3 +174,10 @@ def accept_stats(model, seqs, plens, d1: int, gamma: int, branch: int, new: int,
   }
   stats["kseq"] = tuple(np.asarray(v) for v in kseq_accept(p, q, x, branch=branch))
   return stats
+
+
+def value_and_tau(shape, w, new: int, reps: int, rng, counts: bool = False) -> tuple:
+  """(the exact expected accepted drafts per round from an offset, mean over offsets; tau: the mean of `reps`
+  simulations of rounds along the text with depths drawn given it) of a static shape under w."""
+  value = float(shape_value(shape, w, counts).mean())
+  return value, float(np.mean([simulate(sample_depths(shape, w, rng, counts), new)["tau"] for _ in range(reps)]))

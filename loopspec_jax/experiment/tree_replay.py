@@ -23,6 +23,7 @@ from loopspec_jax.decoding import passes
 from loopspec_jax.decoding.tree import draft_tree as dt
 from loopspec_jax.decoding.tree import select as select_lib
 from loopspec_jax.decoding.tree import self_spec
+from loopspec_jax.decoding.tree import sequoia
 from loopspec_jax.experiment.prompts import load_prompt_set
 from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
@@ -212,3 +213,21 @@ def continuation(model, task: str, lo: int, hi: int, new: int, **sampling):
   prompts = load_prompt_set(task, model, hi, 0, 0)[lo:hi]
   ar = loopspec_jax.generate(model, prompts, max_new_tokens=new, method="ar", **sampling)
   return [p + t for p, t in zip(prompts, ar.tokens)], [len(p) for p in prompts]
+
+
+def pooled_accept(counts: dict) -> tuple:
+  """(flat [branch], per_depth [gamma, branch]) acceptance per rank from `rank_counts` of every task
+  ({task: (hits, trials)}), pooled over the tasks: flat over every depth, per_depth per depth."""
+  hits = sum(c[0] for c in counts.values())
+  trials = sum(c[1] for c in counts.values())
+  return hits.sum(0) / max(trials.sum(), 1), hits / np.maximum(trials, 1)[:, None]
+
+
+def sequoia_shapes(vectors: dict, gamma: int, branch: int, nodes: int) -> dict:
+  """{name: Sequoia shape} of each named acceptance vector (or per-depth matrix), plus draft_tree's
+  ACCEPT_GUESS static shape: the candidates a shape experiment evaluates."""
+  shapes = {
+      k: sequoia.sequoia_shape(sequoia.parse_accept(v, gamma, branch), gamma, branch, nodes) for k, v in vectors.items()
+  }
+  shapes["ACCEPT_GUESS static"] = dt.static_shape(gamma, branch, nodes)
+  return shapes

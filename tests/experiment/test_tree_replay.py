@@ -97,3 +97,23 @@ def test_identical_distributions_accept_rank_zero_always(mode):
   a, w = tree_accept.sibling_accept(p, p, x, jax.random.PRNGKey(3), branch=2, draws=2)[mode]
   np.testing.assert_allclose(a, np.stack([np.ones(3), np.zeros(3)], -1), atol=1e-5)
   np.testing.assert_allclose(w[..., 0], 1.0, atol=1e-5)
+
+
+def test_pooled_accept_and_the_candidate_shapes():
+  counts = {
+      "a": (np.array([[3.0, 1.0], [1.0, 0.0]]), np.array([4.0, 2.0])),
+      "b": (np.zeros((2, 2)), np.array([0.0, 2.0])),
+  }
+  flat, per_depth = tree_replay.pooled_accept(counts)
+  np.testing.assert_allclose(flat, [0.5, 0.125])
+  np.testing.assert_allclose(per_depth, [[0.75, 0.25], [0.25, 0.0]])
+  shapes = tree_replay.sequoia_shapes({"flat": tuple(flat), "per depth": tuple(map(tuple, per_depth))}, 2, 2, 4)
+  assert list(shapes) == ["flat", "per depth", "ACCEPT_GUESS static"]
+  assert all(len(s.parent) == 5 and max(s.depth) <= 2 for s in shapes.values())
+
+
+def test_value_and_tau_of_a_chain_that_always_accepts():
+  g = 2
+  chain = dt.ordered_shape(list(range(-1, g)), list(range(g + 1)), [0] * (g + 1), g)
+  value, tau = tree_accept.value_and_tau(chain, np.ones((6, 1, g, 2)), 6, reps=2, rng=np.random.default_rng(0))
+  assert value == 2.0 and tau == 3.0  # rounds of 3 tokens along the 6-token text
