@@ -3,7 +3,8 @@ repeats, medians, ratios against AR), result files, the host description and the
 the reusable part of each benchmark entry point: the serving load generator (`load`), the lm-eval evaluation
 (`evaluation`), the tree benchmarks and replays (`tree_bench`, `tree_replay`, `tree_accept`), the row cost
 (`row_cost`), the PyTorch reference comparison (`reference`), the batch, auto and Figure 4 benchmarks
-(`batch_bench`, `auto_bench`, `figure4`) and the bank-recorded EAGLE training (`eagle_bank`).
+(`batch_bench`, `auto_bench`, `figure4`), the paper's Table 3 (`table3`), the demo's runs and lines (`demo`)
+and the bank-recorded EAGLE training (`eagle_bank`).
 
 The command-line entry points (`loopspec-bench`, `loopspec-sweep`, ...) live in the top-level experiments/
 folder (the package `loopspec_experiments`) and are thin: flags and a config in, these functions, a report out.
