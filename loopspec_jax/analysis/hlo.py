@@ -474,3 +474,16 @@ def inplace_roots(comp: Computation) -> Dict[int, int]:
       num = int(target.raw_operands.strip())
       out[num] = out.get(num, 0) + upd.elements()
   return out
+
+
+def dot_signature(ins: Instr, comp: Computation) -> str:
+  """A product's shape as a key: 'f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb=' (operand dtypes and dims,
+  contracting and batch dims), what `calibrate.dot_benchmarks` times on the host."""
+  parts = []
+  for o in ins.operands[:2]:
+    leaf = comp.instrs[o].shapes[0]
+    parts.append(f"{leaf[0]}[{','.join(str(d) for d in leaf[1])}]")
+  dn = [
+      ",".join(ins.attr_list(f"{side}_{key}")) for key in ("contracting_dims", "batch_dims") for side in ("lhs", "rhs")
+  ]
+  return "x".join(parts) + f";lc={dn[0]};rc={dn[1]};lb={dn[2]};rb={dn[3]}"

@@ -17,12 +17,14 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
           - copies (copy ops and copy/transpose-only fusions, e.g. of a gathered slot) read and write the
             whole operand; an async copy-start (the TPU's move between HBM and on-chip memory) reads its
             operand once, and what reads its copy-done reads nothing more from HBM;
-          - other kernels write their output and read the loop inputs they touch (weights, KV, state).
+          - other kernels write their output and read the loop inputs they touch (weights, KV, state);
+          - buffers in an on-chip memory space (a TPU layout's S(n)) are not HBM traffic: their reads and
+            writes are free, the copy-start / slice-start that filled them counted the HBM read.
           Bytes are counted at the STORAGE dtype of the buffer a value comes from (looking through
           converts): the CPU backend computes bf16 in f32 and keeps f32 shadows of bf16 buffers, which an
           accelerator would not; pure dtype conversions are reported separately (`convert_bytes`) and are
-          not in the total. XLA's own cost_analysis()["bytes accessed"] is not used: it counts every
-          in-place update as a whole-buffer access.
+          not in the total. XLA's own cost_analysis()["bytes accessed"] is not used: it counts a while
+          body once, on-chip accesses as accesses, and (CPU) every in-place update as a whole buffer.
           weights = reads of loop-invariant loop inputs; kv = reads/writes of buffers with a KV-cache shape
           (the committed cache, the speculative store) or slices/gathers of them.
   transcendentals  elements computed by transcendental ops (exp, log, tanh, logistic, rsqrt, sqrt, power,
@@ -57,6 +59,7 @@ from loopspec_jax.analysis.hlo import (
     contiguous,
     dot_flops,
     dot_rows,
+    dot_signature,
     fusion_kind,
     inplace_roots,
     nested,
@@ -86,11 +89,6 @@ TRANSCENDENTAL_OPS = frozenset(
         "divide",
     }
 )
-
-
-def transcendental_elements(comp: Computation) -> float:
-  """Elements computed by transcendental ops in a (fused) computation."""
-  return float(sum(i.elements() for i in comp.instrs.values() if i.opcode in TRANSCENDENTAL_OPS))
 
 
 @dataclasses.dataclass
@@ -220,19 +218,6 @@ class StepCost:
         "conditionals": self.conditionals,
         "branch_policy": self.branch_policy,
     }
-
-
-def dot_signature(ins: Instr, comp: Computation) -> str:
-  """A product's shape as a key: 'f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb=' (operand dtypes and dims,
-  contracting and batch dims), what `calibrate.dot_benchmarks` times on the host."""
-  parts = []
-  for o in ins.operands[:2]:
-    leaf = comp.instrs[o].shapes[0]
-    parts.append(f"{leaf[0]}[{','.join(str(d) for d in leaf[1])}]")
-  dn = [
-      ",".join(ins.attr_list(f"{side}_{key}")) for key in ("contracting_dims", "batch_dims") for side in ("lhs", "rhs")
-  ]
-  return "x".join(parts) + f";lc={dn[0]};rc={dn[1]};lb={dn[2]};rb={dn[3]}"
 
 
 @dataclasses.dataclass
@@ -520,10 +505,8 @@ class HloCostModel:
       cost.charge(src.kind if src.kind in ("weights", "kv") else "other", nbytes, ins.name)
       return
     if op in ("slice-start", "dynamic-slice-start"):  # an async slice into on-chip memory: reads what it selects
-      src = self.origin(frame, ins.operands[0])
-      leaf = 1 if len(ins.shapes) > 1 else 0
-      nbytes = float(np.prod(ins.shapes[leaf][1])) * src.itemsize
-      cost.charge(src.kind if src.kind in ("weights", "kv") else "other", nbytes, ins.name)
+      src, leaf = self.origin(frame, ins.operands[0]), ins.shapes[1 if len(ins.shapes) > 1 else 0]
+      cost.charge(src.kind if src.kind in ("weights", "kv") else "other", np.prod(leaf[1]) * src.itemsize, ins.name)
       return
     if op in ("copy-done", "slice-done", "dynamic-slice-done"):
       return
