@@ -154,3 +154,53 @@ def test_micro_programs_known_traffic_on_v5e():
   assert rows["nested"]["xla_bytes"] < 0.5 * rows["nested"]["known_bytes_per_iteration"]
   dear = 256 * 1024 * 2
   assert rows["switch"]["xla_bytes"] == pytest.approx(dear, rel=0.1)
+
+
+CB = 'custom-call(%x), custom_call_target="ConcatBitcast"'
+CONCATS = f"""HloModule k
+
+%b0 (p: f32[4]) -> f32[4] {{
+  %p = f32[4] parameter(0)
+  %x = f32[4] negate(%p)
+  %c1 = f32[4] {CB}
+  %c2 = f32[4] {CB}
+  ROOT %c3 = f32[4] {CB}
+}}
+
+%b1 (p: f32[4]) -> f32[4] {{
+  %p = f32[4] parameter(0)
+  %x = f32[4] negate(%p)
+  ROOT %c1 = f32[4] {CB}
+}}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {{
+  %t = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[4] get-tuple-element(%t), index=1
+  %c1 = f32[4] {CB}
+  %y = f32[4] conditional(%i, %c1, %c1), branch_computations={{%b0, %b1}}
+  ROOT %r = (s32[], f32[4]) tuple(%i, %y)
+}}
+
+%cond (t: (s32[], f32[4])) -> pred[] {{
+  %t = (s32[], f32[4]) parameter(0)
+  ROOT %f = pred[] constant(false)
+}}
+
+ENTRY %main (x: f32[4]) -> f32[4] {{
+  %x = f32[4] parameter(0)
+  %c0 = f32[4] {CB}
+  %z = s32[] constant(0)
+  %s = (s32[], f32[4]) tuple(%z, %c0)
+  %w = (s32[], f32[4]) while(%s), condition=%cond, body=%body
+  ROOT %o = f32[4] get-tuple-element(%w), index=1
+}}
+"""
+
+
+def test_xla_concat_bitcasts_walk_the_body_once_and_the_fewest_branch():
+  """XLA's v5e optimal_seconds is -1 s per ConcatBitcast its walk meets (README of
+  results/tpu_aot/2026-12-07-costs): entry 1 + loop body 1 + the branch with fewer (1, not 3)."""
+  from loopspec_experiments import tpu_costs  # noqa: PLC0415
+
+  assert tpu_costs.xla_concat_bitcasts(CONCATS) == 3

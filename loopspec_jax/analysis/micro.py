@@ -11,6 +11,9 @@ of known traffic per iteration, bf16 throughout:
   switch          a `lax.switch` on the loop index parity between a cheap matvec (weight [E, E]) and an
                   expensive one (weight [E, F]): a schedule runs each branch half the time
   nested          an inner `fori_loop` of INNER matvecs (weight [E, F]) per outer iteration
+  reuse           4 unrolled passes over a stack of 6 [E, E] layers (a recurrence): the TPU compiler copies
+                  the stack into on-chip memory (copy-start) while the first pass reads it from HBM, and the
+                  later passes read it on chip: 2 x the stack from HBM, not 4 x
   matvec          one matvec (weight [E, F]) per iteration: the reference
 
 Known figures are per outer iteration: the bytes a TPU must move from HBM (every weight / slot read once,
@@ -31,6 +34,7 @@ from loopspec_jax.analysis.hlo_cost import analyze_hlo
 
 TRIPS = 10
 INNER = 4
+REUSE = (6, 4)  # (layers, passes) of the `reuse` program
 BF16 = 2.0
 
 
@@ -61,6 +65,15 @@ def programs(e: int = 2048, f: int = 8192, t: int = 4096, d: int = 1024, s: int 
   def nested(x, w):
     return _loop(lambda i, c: (jax.lax.fori_loop(0, INNER, lambda j, y: mv(y, w), c[0]),), (x,))
 
+  def reuse(x, stack):  # R passes over a stack of L [E, E] layers, unrolled: the compiler may keep it on chip
+    def passes(y):
+      for _ in range(REUSE[1]):
+        for l in range(REUSE[0]):
+          y = (y @ stack[l]).astype(y.dtype)
+      return y
+
+    return _loop(lambda i, c: (passes(c[0]),), (x,))
+
   def matvec(x, w):
     return _loop(lambda i, c: (mv(c[0], w),), (x,))
 
@@ -86,9 +99,16 @@ def programs(e: int = 2048, f: int = 8192, t: int = 4096, d: int = 1024, s: int 
           ((1, e), (e, e), (e, f)),
           (cheap + dear) / 2,
           e * (e + f),
-          "switch: [1,E]x[E,E] | [1,E]x[E,F]",
+          "switch: [1,E]x[E,E] or [1,E]x[E,F]",
       ),
       "nested": (nested, ((1, e), (e, f)), INNER * dear, INNER * 2.0 * e * f, f"inner fori_loop of {INNER} matvecs"),
+      "reuse": (
+          reuse,
+          ((1, e), (REUSE[0], e, e)),
+          REUSE[0] * e * e * BF16 * 2,
+          REUSE[0] * REUSE[1] * 2.0 * e * e,
+          f"{REUSE[1]} passes over {REUSE[0]} [E,E] layers: the stack copied on chip once while the first pass reads HBM",
+      ),
       "matvec": (matvec, ((1, e), (e, f)), dear, 2.0 * e * f, f"one [1,{e}]x[{e},{f}] matvec"),
   }
 
