@@ -156,17 +156,12 @@ def measure(target: str = "tpu:v5e", **sizes) -> List[dict]:
 
 def xla_like_bytes(hlo_text: str) -> float:
   """XLA's convention as read from its figures: every op of the program (each computation once: the entry,
-  a while body once, a conditional at the branch XLA rates slowest: the fewest ConcatBitcasts, then the
-  most bytes) reads its operands whole (a fusion's sliced operand: the slice) and writes its output, in
-  whatever memory space they live; the async moves' done halves are free. Reproduces XLA's bytes accessed
-  within 1% for Raven-Llama AR on v5e, within 25% for the AR and chain loops, not the LoopSpec ticks on v5e
-  (README of results/tpu_aot/2026-12-07-costs): a model of XLA's count, not of the traffic."""
+  a while body once, a conditional at its largest branch, as XLA takes each figure at its largest branch)
+  reads its operands whole (a fusion's sliced operand: the slice) and writes its output, in whatever memory
+  space they live; the async moves' done halves are free. Reproduces XLA's bytes accessed within 1% for
+  Raven-Llama AR on v5e, within 25% for the AR and chain loops, not the LoopSpec ticks on v5e (README of
+  results/tpu_aot/2026-12-07-costs): a model of XLA's count, not of the traffic."""
   comps, entry = hlo.parse_hlo(hlo_text)
-
-  def concats(name: str) -> int:
-    comp = comps[name]
-    own = sum(i.opcode == "custom-call" and "ConcatBitcast" in i.attrs for i in comp.instrs.values())
-    return own + sum(concats(i.attr("calls")) for i in comp.instrs.values() if i.opcode == "fusion")
 
   def walk(name: str) -> float:
     comp, total = comps[name], 0.0
@@ -176,9 +171,8 @@ def xla_like_bytes(hlo_text: str) -> float:
       if ins.opcode in ("while", "call"):
         total += walk(ins.attr("body") or ins.attr("to_apply"))
         continue
-      if ins.opcode == "conditional":  # the branch XLA rates slowest: fewest ConcatBitcasts, then most bytes
-        branches = ins.attr_list("branch_computations")
-        total += max((-concats(b), walk(b)) for b in branches)[1]
+      if ins.opcode == "conditional":
+        total += max(walk(b) for b in ins.attr_list("branch_computations"))
         continue
       fused = comps.get(ins.attr("calls")) if ins.opcode == "fusion" else None
       for k, o in enumerate(ins.operands):
