@@ -178,27 +178,27 @@ def compare_markdown(costs: List[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def load(rows_files: List[str], hlo_dir: str) -> List[dict]:
-  """One-chip batch-1 rows whose HLO one of the hlo_dir folders kept (the last row of a key wins)."""
-  rows: Dict[tuple, dict] = {}
-  for path in rows_files:
+def load(rows_files: List[str], hlo_dirs: List[str]) -> List[dict]:
+  """One-chip batch-1 rows whose HLO was kept: rows_files[i]'s HLO in hlo_dirs[i] (the loop that wrote them);
+  a key found in an earlier file is not read again from a later one."""
+  rows: Dict[tuple, tuple] = {}
+  for path, hlo_dir in zip(rows_files, hlo_dirs):
     for row in aot_exp.read_rows(path):
-      if row.get("compiled") and row["batch"] == 1 and row["mesh"] == "1x1":
-        rows[tuple(row[k] for k in aot_exp.KEY)] = row
+      key = tuple(row[k] for k in aot_exp.KEY)
+      src = aot_exp.hlo_path(hlo_dir, key)
+      if row.get("compiled") and row["batch"] == 1 and row["mesh"] == "1x1" and key not in rows and os.path.exists(src):
+        rows[key] = (row, src)
   out = []
-  for key, row in sorted(rows.items()):
-    paths = [aot_exp.hlo_path(d, key) for d in hlo_dir.split(",") if d]
-    path = next((p for p in paths if os.path.exists(p)), None)
-    if path is not None:
-      with gzip.open(path, "rt") as fh:
-        out.append(parse_row(row, fh.read()))
+  for _, (row, src) in sorted(rows.items()):
+    with gzip.open(src, "rt") as fh:
+      out.append(parse_row(row, fh.read()))
   return out
 
 
 def main(argv: Optional[List[str]] = None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--rows", default=f"{OUT}/rows.jsonl", help="comma-separated loopspec-aot rows.jsonl files")
-  ap.add_argument("--hlo_dir", default="/tmp/aot_hlo", help="comma-separated folders of kept HLO")
+  ap.add_argument("--hlo_dir", default="/tmp/aot_hlo", help="comma-separated: the kept HLO of each rows file")
   ap.add_argument("--out_dir", default=OUT)
   ap.add_argument("--micro", action="store_true", help="the programs of known traffic (analysis/micro.py)")
   a = ap.parse_args(argv)
@@ -210,7 +210,10 @@ def main(argv: Optional[List[str]] = None):
     rows = micro.measure("tpu:v5e")
     common.atomic_write_text(os.path.join(a.out_dir, "micro.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     return print("\n".join(json.dumps(r) for r in rows))
-  costs = load([p for p in a.rows.split(",") if p], a.hlo_dir)
+  rows_files, hlo_dirs = [p for p in a.rows.split(",") if p], [d for d in a.hlo_dir.split(",") if d]
+  if len(rows_files) != len(hlo_dirs):
+    raise SystemExit(f"--rows names {len(rows_files)} files and --hlo_dir {len(hlo_dirs)} folders: one each")
+  costs = load(rows_files, hlo_dirs)
   common.atomic_write_text(os.path.join(a.out_dir, "costs.jsonl"), "".join(json.dumps(c) + "\n" for c in costs))
   common.atomic_write_text(os.path.join(a.out_dir, "compare.md"), compare_markdown(costs))
   proj = projection(costs)
