@@ -115,7 +115,8 @@ def projection(costs: List[dict]) -> List[dict]:
     for chip, (peak, bw) in CHIPS.items():
       row = {"model": model, "chip": chip, "gamma": GAMMA[model]}
       for method in METHODS:
-        src = by.get((model, chip, method)) or by.get((model, "v5e", method))  # the v5e HLO, this chip's roofline
+        # this chip's HLO, else another chip's (v5e first) at this chip's roofline ("HLO compiled for")
+        src = next((by[k] for k in ((model, c, method) for c in (chip, *CHIPS)) if k in by), None)
         if src is None:
           continue
         tok = tokens_per_iteration(model, method)

@@ -204,3 +204,22 @@ def test_xla_concat_bitcasts_walk_the_body_once_and_the_fewest_branch():
   from loopspec_experiments import tpu_costs  # noqa: PLC0415
 
   assert tpu_costs.xla_concat_bitcasts(CONCATS) == 3
+
+
+def test_projection_divides_each_iteration_by_its_tokens():
+  """Parser ms per token = roofline of one iteration / tokens it commits (a LoopSpec (2, 8) tick at gamma 14.5:
+  0.906); XLA's only on the chip its HLO was compiled for; another chip's HLO is named in the table."""
+  from loopspec_experiments import tpu_costs  # noqa: PLC0415
+
+  def row(method, target, gb):
+    return {"model": "huginn:0125", "method": method, "target": target, "parser_bytes_steady": gb * 1e9}
+
+  costs = [row("ar", "tpu:v5e:2x2", 81.9), row(tpu_costs.METHODS[2], "tpu:v5p:2x2x1", 8.19)]
+  for c in costs:
+    c.update(parser_flops_steady=0.0, xla_seconds=0.05)
+  (v5e,) = [r for r in tpu_costs.projection(costs) if r["chip"] == "v5e"]
+  assert v5e["ar"]["parser_ms_per_token"] == pytest.approx(100.0)  # 81.9 GB at 819 GB/s, one token
+  assert v5e["ar"]["xla_ms_per_token"] == pytest.approx(50.0)
+  ls = v5e[tpu_costs.METHODS[2]]
+  assert ls["parser_ms_per_token"] == pytest.approx(10.0 / (14.5 * 2 / 32)) and ls["xla_ms_per_token"] is None
+  assert "tpu:v5e:2x2, tpu:v5p:2x2x1" in tpu_costs.markdown([v5e])
