@@ -73,6 +73,16 @@ class Instr:
   operands: List[str]
   raw_operands: str
   attrs: str
+  spaces: Tuple[int, ...] = ()  # per leaf, the memory space of its layout (`S(n)`; 0: HBM)
+
+  def on_chip(self, leaf: int = 0) -> bool:
+    """The leaf lives in a memory space other than HBM: a TPU layout's `S(1)` (on-chip vector memory),
+    `S(2)` / `S(6)` (scalar memory). Its reads and writes are not HBM traffic."""
+    return leaf < len(self.spaces) and self.spaces[leaf] != 0
+
+  def hbm_bytes(self) -> float:
+    """Bytes of the leaves in HBM (every leaf when no layout names a memory space)."""
+    return float(sum(np.prod(d) * DTYPE_BYTES.get(t, 4) for i, (t, d) in enumerate(self.shapes) if not self.on_chip(i)))
 
   @property
   def dims(self) -> Tuple[int, ...]:
@@ -148,6 +158,18 @@ def parse_shape(text: str) -> List[Tuple[str, Tuple[int, ...]]]:
   return out
 
 
+_SPACED_LEAF = re.compile(r"[a-z][a-z0-9]*\[[^\]]*\](\{[^}]*\})?")
+
+
+def parse_spaces(text: str) -> Tuple[int, ...]:
+  """Memory space of each leaf of a shape text: 'bf16[8]{0:T(128)S(1)}' -> (1,); no `S(n)`: 0."""
+  out = []
+  for m in _SPACED_LEAF.finditer(text):
+    sp = re.search(r"S\((\d+)\)", m.group(1) or "")
+    out.append(int(sp.group(1)) if sp else 0)
+  return tuple(out)
+
+
 def parse_instr(line: str) -> Optional[Tuple[Instr, bool]]:
   """Parses one instruction line; returns (instr, is_root) or None."""
   m = _INSTR.match(line)
@@ -174,7 +196,8 @@ def parse_instr(line: str) -> Optional[Tuple[Instr, bool]]:
       tok = item.split()[-1]
       if tok.startswith("%") or re.match(r"^[A-Za-z_][\w.\-]*$", tok):
         operands.append(tok.lstrip("%"))
-  return Instr(name, parse_shape(shape_text), is_tuple, opcode, operands, raw, attrs), is_root
+  shapes = parse_shape(shape_text)
+  return Instr(name, shapes, is_tuple, opcode, operands, raw, attrs, parse_spaces(shape_text)), is_root
 
 
 def parse_hlo(text: str) -> Tuple[Dict[str, Computation], str]:
@@ -232,20 +255,55 @@ def contiguous(src_dims: Tuple[int, ...], out_dims: Tuple[int, ...]) -> bool:
   return True
 
 
-def conv_contraction(ins: Instr, comp: Computation) -> Tuple[int, int]:
+def _field(fields: dict, key: str, n: int, default: int) -> List[int]:
+  vals = [int(x) for x in fields.get(key, "").split("x") if x]
+  return vals or [default] * n
+
+
+def window_taps(ins: Instr, lhs_sizes: List[int], out_sizes: List[int]) -> List[Tuple[float, bool]]:
+  """Per window dim of a convolution: (mean real lhs elements one output reads, whether the dim is a batch
+  dim in disguise), from the window's size, stride, padding and dilations and the lhs / output spatial sizes.
+  Padding and lhs dilation holes are not real elements: the TPU compiler writes a matmul's output dim as
+  a reversed window over a one-element, fully padded lhs (1 tap), and a batched product (attention over
+  heads and stages) as size s, stride s - 1, lhs_dilate s (1 tap per output: a batch dim). No window: []."""
+  m = re.search(r"window=\{([^}]*)\}", ins.attrs)
+  if m is None:
+    return []
+  fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+  size = _field(fields, "size", 0, 1)
+  n = len(size)
+  stride, ldil, rdil = (_field(fields, k, n, 1) for k in ("stride", "lhs_dilate", "rhs_dilate"))
+  pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields else [(0, 0)] * n
+  out = []
+  for i in range(n):
+    o = np.arange(out_sizes[i] if i < len(out_sizes) else 1)[:, None]
+    pos = o * stride[i] + np.arange(size[i])[None, :] * rdil[i] - pads[i][0]  # in the dilated lhs
+    length = ((lhs_sizes[i] if i < len(lhs_sizes) else 1) - 1) * ldil[i] + 1
+    real = (pos >= 0) & (pos < length) & (pos % ldil[i] == 0)
+    out.append((float(real.sum()) / max(o.size, 1), ldil[i] > 1 and ldil[i] == size[i]))
+  return out
+
+
+def conv_contraction(ins: Instr, comp: Computation) -> Tuple[float, int]:
   """(contracted elements per output, lhs rows) of a convolution from its dim_labels ('bf_io->bf', spatial
-  dims as digits): the lhs feature size over feature_group_count times the rhs window. The TPU compiler
-  writes products as convolutions."""
+  dims as digits): the lhs feature size over feature_group_count times the real taps of its window
+  (`window_taps`). Rows: the lhs elements per feature less the batch dims written as windows. The TPU
+  compiler writes products as convolutions."""
   m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs)
-  lhs, rhs = comp.instrs[ins.operands[0]].dims, comp.instrs[ins.operands[1]].dims
+  lhs = comp.instrs[ins.operands[0]].dims
   if m is None or "f" not in m.group(1):
     return 1, 1
+  lab, olab = m.group(1), m.group(3)
+  digits = sorted(int(c) for c in lab if c.isdigit())
   groups = int(ins.attr("feature_group_count") or 1)
-  k = lhs[m.group(1).index("f")] // groups
-  for i, c in enumerate(m.group(2)):
-    if c.isdigit() and i < len(rhs):
-      k *= rhs[i]
-  return max(k, 1), max(int(np.prod(lhs)) // max(lhs[m.group(1).index("f")], 1), 1)
+  feature = lhs[lab.index("f")]
+  taps = window_taps(ins, [lhs[lab.index(str(d))] for d in digits], [ins.dims[olab.index(str(d))] for d in digits])
+  k, batch = feature / groups, 1
+  for d in digits:
+    real, is_batch = taps[d] if d < len(taps) else (1.0, False)
+    k *= real
+    batch *= lhs[lab.index(str(d))] if is_batch else 1
+  return max(k, 1.0), max(int(np.prod(lhs)) // max(feature * batch, 1), 1)
 
 
 def product_of_reduce(ins: Instr, comp: Computation) -> Optional[Instr]:
@@ -352,9 +410,11 @@ def only_index_use(comp: Computation, pname: str) -> bool:
   return p.elements() <= 16 and all(u.opcode != "dot" for u in users(comp, pname))
 
 
-def sliced_elements(comp: Computation, pname: str) -> Optional[Tuple[int, bool]]:
-  """If a fused parameter is only consumed as the sliced operand of slicing ops (through views), returns
-  (elements selected, all contiguous); else None."""
+def sliced_elements(comp: Computation, pname: str, comps=None) -> Optional[Tuple[int, bool]]:
+  """If a fused parameter is only consumed as the sliced operand of slicing ops (through views, and with
+  `comps` the computations by name, through the parameters of nested fusions: the TPU compiler fuses a
+  layer's dynamic-slice of a weight stack into the product's fusion), returns (elements selected, all
+  contiguous); else None."""
   total, whole, frontier = 0, True, [pname]
   while frontier:
     name = frontier.pop()
@@ -365,9 +425,31 @@ def sliced_elements(comp: Computation, pname: str) -> Optional[Tuple[int, bool]]
         total += u.elements()
         if u.opcode == "gather" or not contiguous(comp.instrs[name].dims, u.dims):
           whole = False
+      elif u.opcode == "fusion" and comps is not None and u.attr("calls") in comps:
+        inner = comps[u.attr("calls")]
+        for k, o in enumerate(u.operands):
+          got = sliced_elements(inner, inner.params[k], comps) if o == name and k in inner.params else (0, True)
+          if got is None:
+            return None
+          total, whole = total + got[0], whole and got[1]
       else:
         return None
   return (total, whole) if total else None
+
+
+def nested(comp: Computation, comps) -> List[Tuple[Instr, Computation]]:
+  """(instruction, its computation) of a fused computation and of the fusions nested in it."""
+  out, stack, seen = [], [comp], set()
+  while stack:
+    c = stack.pop()
+    if c.name in seen:
+      continue
+    seen.add(c.name)
+    for ins in c.instrs.values():
+      out.append((ins, c))
+      if ins.opcode == "fusion" and ins.attr("calls") in comps:
+        stack.append(comps[ins.attr("calls")])
+  return out
 
 
 def through_views(comp: Computation, name: str) -> Instr:
@@ -392,3 +474,16 @@ def inplace_roots(comp: Computation) -> Dict[int, int]:
       num = int(target.raw_operands.strip())
       out[num] = out.get(num, 0) + upd.elements()
   return out
+
+
+def dot_signature(ins: Instr, comp: Computation) -> str:
+  """A product's shape as a key: 'f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb=' (operand dtypes and dims,
+  contracting and batch dims), what `calibrate.dot_benchmarks` times on the host."""
+  parts = []
+  for o in ins.operands[:2]:
+    leaf = comp.instrs[o].shapes[0]
+    parts.append(f"{leaf[0]}[{','.join(str(d) for d in leaf[1])}]")
+  dn = [
+      ",".join(ins.attr_list(f"{side}_{key}")) for key in ("contracting_dims", "batch_dims") for side in ("lhs", "rhs")
+  ]
+  return "x".join(parts) + f";lc={dn[0]};rc={dn[1]};lb={dn[2]};rb={dn[3]}"

@@ -17,12 +17,14 @@ allocated), `analyze_hlo` finds the outermost while loop of the optimised HLO an
           - copies (copy ops and copy/transpose-only fusions, e.g. of a gathered slot) read and write the
             whole operand; an async copy-start (the TPU's move between HBM and on-chip memory) reads its
             operand once, and what reads its copy-done reads nothing more from HBM;
-          - other kernels write their output and read the loop inputs they touch (weights, KV, state).
+          - other kernels write their output and read the loop inputs they touch (weights, KV, state);
+          - buffers in an on-chip memory space (a TPU layout's S(n)) are not HBM traffic: their reads and
+            writes are free, the copy-start / slice-start that filled them counted the HBM read.
           Bytes are counted at the STORAGE dtype of the buffer a value comes from (looking through
           converts): the CPU backend computes bf16 in f32 and keeps f32 shadows of bf16 buffers, which an
           accelerator would not; pure dtype conversions are reported separately (`convert_bytes`) and are
-          not in the total. XLA's own cost_analysis()["bytes accessed"] is not used: it counts every
-          in-place update as a whole-buffer access.
+          not in the total. XLA's own cost_analysis()["bytes accessed"] is not used: it counts a while
+          body once, on-chip accesses as accesses, and (CPU) every in-place update as a whole buffer.
           weights = reads of loop-invariant loop inputs; kv = reads/writes of buffers with a KV-cache shape
           (the committed cache, the speculative store) or slices/gathers of them.
   transcendentals  elements computed by transcendental ops (exp, log, tanh, logistic, rsqrt, sqrt, power,
@@ -41,6 +43,8 @@ import dataclasses
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
+
 from loopspec_jax.analysis.hlo import (
     CATEGORIES,
     DTYPE_BYTES,
@@ -55,8 +59,10 @@ from loopspec_jax.analysis.hlo import (
     contiguous,
     dot_flops,
     dot_rows,
+    dot_signature,
     fusion_kind,
     inplace_roots,
+    nested,
     parse_hlo,
     product_of_reduce,
     sliced_elements,
@@ -83,11 +89,6 @@ TRANSCENDENTAL_OPS = frozenset(
         "divide",
     }
 )
-
-
-def transcendental_elements(comp: Computation) -> float:
-  """Elements computed by transcendental ops in a (fused) computation."""
-  return float(sum(i.elements() for i in comp.instrs.values() if i.opcode in TRANSCENDENTAL_OPS))
 
 
 @dataclasses.dataclass
@@ -219,19 +220,6 @@ class StepCost:
     }
 
 
-def dot_signature(ins: Instr, comp: Computation) -> str:
-  """A product's shape as a key: 'f32[1,128]xf32[128,384];lc=1;rc=0;lb=;rb=' (operand dtypes and dims,
-  contracting and batch dims), what `calibrate.dot_benchmarks` times on the host."""
-  parts = []
-  for o in ins.operands[:2]:
-    leaf = comp.instrs[o].shapes[0]
-    parts.append(f"{leaf[0]}[{','.join(str(d) for d in leaf[1])}]")
-  dn = [
-      ",".join(ins.attr_list(f"{side}_{key}")) for key in ("contracting_dims", "batch_dims") for side in ("lhs", "rhs")
-  ]
-  return "x".join(parts) + f";lc={dn[0]};rc={dn[1]};lb={dn[2]};rb={dn[3]}"
-
-
 @dataclasses.dataclass
 class Frame:
   """A computation as executed from one call site (fusion, call, while body, conditional branch)."""
@@ -315,14 +303,25 @@ class HloCostModel:
 
   # ---- trip counts and invariance ------------------------------------------------------------------
   def _invariant(self, body: Computation, i: int) -> bool:
-    """Tuple element i of the body's carry is passed through unchanged."""
+    """Tuple element i of the body's carry is passed through unchanged (also through an inner while loop
+    that carries it unchanged: the TPU compiler threads loop-invariant weights through inner loops)."""
     root = body.instrs[body.root]
     if root.opcode != "tuple" or i >= len(root.operands):
       return False
-    src = body.instrs.get(root.operands[i])
-    if src is None or src.opcode != "get-tuple-element" or int(src.attr("index")) != i:
+    return self._from_param(body, root.operands[i], i)
+
+  def _from_param(self, comp: Computation, name: str, i: int, depth: int = 0) -> bool:
+    """Value `name` of comp is element i of comp's parameter tuple, unchanged."""
+    src = comp.instrs.get(name)
+    if src is None or src.opcode != "get-tuple-element" or depth > 8:
       return False
-    return body.instrs[src.operands[0]].opcode == "parameter"
+    holder, j = comp.instrs.get(src.operands[0]), int(src.attr("index"))
+    if holder is not None and holder.opcode == "parameter":
+      return j == i
+    if holder is None or holder.opcode != "while" or not self._invariant(self.comps[holder.attr("body")], j):
+      return False
+    init = comp.instrs.get(holder.operands[0])
+    return init is not None and init.opcode == "tuple" and self._from_param(comp, init.operands[j], i, depth + 1)
 
   def trip_count(self, frame: Frame, loop: Instr) -> Optional[int]:
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attrs)
@@ -347,6 +346,8 @@ class HloCostModel:
     else:
       return None
     init = self._tuple_operand(frame, loop.operands[0], idx)
+    while init is not None and init.opcode in ("copy", "bitcast", "convert") and init.operands:
+      init = frame.comp.instrs.get(init.operands[0])  # the TPU compiler copies the start constant
     start = const_value(init) if init is not None and init.opcode == "constant" else None
     if limit is None or start is None or direction not in ("LT", "LE"):
       return None
@@ -488,9 +489,9 @@ class HloCostModel:
       cost.charge_transcendentals(float(ins.elements()), ins.name)
     if op in ("dot", "convolution") or product_of_reduce(ins, frame.comp) is not None:
       cost.charge_flops(ins, frame.comp, ins.name)
-      for o in ins.operands:
+      for o in self._hbm_operands(frame, ins):
         self._read(cost, self.origin(frame, o), frame.comp.instrs[o].elements(), True, ins.name)
-      cost.charge("other", ins.nbytes(), ins.name)
+      cost.charge("other", ins.hbm_bytes(), ins.name)
       return
     if op in ("copy", "transpose"):
       self._copy(frame, ins, ins.operands[0], ins.elements(), cost)
@@ -503,7 +504,11 @@ class HloCostModel:
       nbytes = frame.comp.instrs[ins.operands[0]].elements() * src.itemsize
       cost.charge(src.kind if src.kind in ("weights", "kv") else "other", nbytes, ins.name)
       return
-    if op == "copy-done":
+    if op in ("slice-start", "dynamic-slice-start"):  # an async slice into on-chip memory: reads what it selects
+      src, leaf = self.origin(frame, ins.operands[0]), ins.shapes[1 if len(ins.shapes) > 1 else 0]
+      cost.charge(src.kind if src.kind in ("weights", "kv") else "other", np.prod(leaf[1]) * src.itemsize, ins.name)
+      return
+    if op in ("copy-done", "slice-done", "dynamic-slice-done"):
       return
     if op == "convert":
       cost.convert_bytes += ins.nbytes()
@@ -520,14 +525,20 @@ class HloCostModel:
       upd = frame.comp.instrs[ins.operands[1 if op == "dynamic-update-slice" else 2]]
       cost.charge("kv" if src.kind == "kv" else "other", upd.elements() * src.itemsize, ins.name)
       return
-    for o in ins.operands:  # any other op: reads of loop inputs, writes of its output
+    for o in self._hbm_operands(frame, ins):  # any other op: reads of loop inputs, writes of its output
       self._read(cost, self.origin(frame, o), frame.comp.instrs[o].elements(), False, ins.name)
-    cost.charge("other", ins.nbytes(), ins.name)
+    cost.charge("other", ins.hbm_bytes(), ins.name)
+
+  def _hbm_operands(self, frame: Frame, ins: Instr) -> List[str]:
+    """ins's operands that live in HBM (not in an on-chip memory space: `Instr.on_chip`)."""
+    return [o for o in ins.operands if o in frame.comp.instrs and not frame.comp.instrs[o].on_chip()]
 
   def _copy(self, frame: Frame, ins: Instr, operand: str, elements: int, cost: StepCost):
     src = self.origin(frame, operand)
     nbytes = elements * src.itemsize
-    cost.charge("copies", 2 * nbytes, ins.name)
+    sides = (not frame.comp.instrs[operand].on_chip()) + (not ins.on_chip())  # HBM reads / writes
+    if sides:
+      cost.charge("copies", sides * nbytes, ins.name)
     if nbytes >= self.slot_bytes:
       carried = tuple(frame.comp.instrs[operand].dims) in self._carried_dims and src.kind in ("kv", "state")
       cost.large_copies.append(CopyRecord(ins.name, nbytes, 1.0, carried))
@@ -548,19 +559,20 @@ class HloCostModel:
       category = origin.kind if origin.kind in ("weights", "kv") else "other"
       cost.charge(category, 2 * ins.elements() * origin.itemsize, ins.name)
       return
-    has_dot = bool(ops & {"dot", "convolution"})
-    cost.charge_transcendentals(transcendental_elements(comp), ins.name)
-    for i in comp.instrs.values():
-      if i.opcode in ("dot", "convolution") or product_of_reduce(i, comp) is not None:
-        cost.charge_flops(i, comp, ins.name)
-    has_dot = has_dot or any(product_of_reduce(i, comp) is not None for i in comp.instrs.values())
+    has_dot = False
+    inner = nested(comp, self.comps)  # the TPU compiler nests fusions (a product's operand slices)
+    cost.charge_transcendentals(float(sum(i.elements() for i, _ in inner if i.opcode in TRANSCENDENTAL_OPS)), ins.name)
+    for i, c in inner:
+      if i.opcode in ("dot", "convolution") or product_of_reduce(i, c) is not None:
+        cost.charge_flops(i, c, ins.name)
+        has_dot = True
     inplace = inplace_roots(comp)  # param numbers updated in place, with update elements
     for num, pname in comp.params.items():
       operand = ins.operands[num]
-      src = self.origin(frame, operand)
-      if num in inplace:
+      if num in inplace or frame.comp.instrs[operand].on_chip():
         continue
-      sliced = sliced_elements(comp, pname)
+      src = self.origin(frame, operand)
+      sliced = sliced_elements(comp, pname, self.comps)
       if sliced is not None:
         kind = "kv" if src.kind == "kv" else ("weights" if src.kind == "weights" else "other")
         cost.charge(kind, sliced[0] * src.itemsize * (1 if sliced[1] else 2), ins.name)
@@ -573,8 +585,8 @@ class HloCostModel:
       cost.charge("kv" if src.kind == "kv" else "other", elements * src.itemsize, ins.name)
     root = comp.instrs[comp.root]
     leaves = root.operands if root.opcode == "tuple" else [comp.root]
-    for leaf in leaves:
-      if through_views(comp, leaf).opcode in INPLACE_OPS:
+    for j, leaf in enumerate(leaves):
+      if through_views(comp, leaf).opcode in INPLACE_OPS or ins.on_chip(j):
         continue
       written += comp.instrs[leaf].nbytes()
     cost.charge("other", written, ins.name)
