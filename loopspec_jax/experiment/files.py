@@ -46,3 +46,15 @@ def write_report(out_dir: str, name: str, payload, markdown: str):
 def is_main_process() -> bool:
   """Whether this is process 0 (the one that writes results) of a possibly multi-process run."""
   return jax.process_index() == 0
+
+
+def replace_block(path: str, name: str, text: str):
+  """Rewrites only the part of the file `path` between `<!-- name -->` and `<!-- /name -->` with `text` (the
+  rest of the page is other tools' or hand-written); a ValueError when the markers are missing."""
+  with open(path) as f:
+    page = f.read()
+  start, end = f"<!-- {name} -->\n", f"\n<!-- /{name} -->"
+  if start not in page or end not in page:
+    raise ValueError(f"{path} has no {start.strip()} ... {end.strip()} block to rewrite")
+  head, rest = page.split(start, 1)
+  atomic_write_text(path, head + start + text.strip("\n") + end + rest.split(end, 1)[1])

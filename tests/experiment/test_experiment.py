@@ -227,3 +227,12 @@ def test_interleaved_calls_warm_up_then_take_turns():
   out = timing.interleaved(calls, repeats=2, rotate=True)
   assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a"] and out["a"] == [4, 9]
   assert timing.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
+
+
+def test_replace_block_rewrites_only_its_block(tmp_path):
+  page = tmp_path / "page.md"
+  page.write_text("# title\nhand text\n<!-- gen -->\nold\n<!-- /gen -->\ntail\n")
+  files.replace_block(str(page), "gen", "new\nlines\n")
+  assert page.read_text() == "# title\nhand text\n<!-- gen -->\nnew\nlines\n<!-- /gen -->\ntail\n"
+  with pytest.raises(ValueError, match="no <!-- other -->"):
+    files.replace_block(str(page), "other", "x")
