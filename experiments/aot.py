@@ -154,6 +154,27 @@ def markdown(rows: list) -> str:
   return "\n".join(lines)
 
 
+def memory_markdown(rows: list) -> str:
+  """The compiler's memory per device, one line per row (GB = 1e9 bytes): arguments, temporaries, HBM (their
+  sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops. A refused
+  row's HBM is the figure the compiler names; its temporaries that figure less the logical arguments."""
+  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
+  lines = [
+      "| model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits |"
+      " KV copies in loops |",
+      "|" + "---|" * 12,
+  ]
+  for r in rows:
+    fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
+    hbm = aot.parse_target(r["target"]).hbm_bytes
+    hbm_cell = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
+    copies = "-" if r["loop_copies"] is None else r["loop_copies"]
+    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], gb(r["argument_bytes"])]
+    cells += [gb(r["temp_bytes"]), hbm_cell, gb(hbm), fits, copies]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return "\n".join(lines)
+
+
 def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:
   """Programs of known traffic, compiled for the target: one bf16 [1, e] x [e, f] matvec (reads the weight,
   e f 2 bytes, once; 2 e f flops), a while loop of 10 iterations of it, and of 10 iterations of two. Each
@@ -228,9 +249,12 @@ def main(argv):
 
 
 def write_table(out_dir: str, path: str):
-  text = markdown(read_rows(path))
+  """table.md (every field) and memory.md (the compiler's memory: docs/scaling.md quotes it) of rows.jsonl."""
+  rows = read_rows(path)
+  text = markdown(rows)
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "table.md"), text + "\n")
+  common.atomic_write_text(os.path.join(out_dir, "memory.md"), memory_markdown(rows) + "\n")
 
 
 def run():

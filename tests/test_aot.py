@@ -79,6 +79,15 @@ def test_every_method_compiles_for_tpu(spec):
   assert r.loop_copies == 0, f"{spec}: {r.loop_copies} copies of a KV buffer inside a while body"
 
 
+@needs_tpu
+def test_sharded_loop_lays_the_heads_out_for_the_mesh():
+  """On a model axis that does not divide the heads (huginn:tiny's 4 on 8 chips of v5e-8) the loop compiles
+  with the heads laid out as `generate(mesh=)` lays them out (8: the cache and weights shard 8 ways)."""
+  r = aot.compile_loop(CFG, "ar", "tpu:v5e:2x4", (1, 8), batch=2)
+  assert r.compiled, r.error
+  assert r.mesh == (1, 8) and r.kv_dims[0][-3] == 8 and r.loop_copies == 0
+
+
 def test_loop_copies_counts_only_kv_buffers_in_while_bodies():
   def loop(buf, v):
     body = lambda c: (c[0] + 1, c[1].at[c[0]].set(v), c[1])  # the carry holds old and new: a copy per iteration

@@ -231,10 +231,14 @@ def compile_loop(
 ) -> AotLoop:
   """Compiles `method`'s decode loop for cfg on the target (a name or Target) from abstract shapes.
 
-  kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. A program the
+  kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. On a mesh
+  whose model axis does not divide the heads, cfg is laid out first (`sharding.padded_config`). A program the
   target's compiler refuses (e.g. over HBM) is returned with compiled=False and the compiler's message;
   for an HBM refusal `memory` is `refused_memory`."""
   target = parse_target(target) if isinstance(target, str) else target
+  # The heads laid out for the mesh as `generate(mesh=)` / `load(mesh=)` lay them out (Huginn-0125's 55 heads
+  # are 56 on a model axis of 2, 4 or 8): the cache and the parameters have the decoders' head count.
+  cfg = sharding.padded_config(cfg, target_mesh(target, mesh_shape))
   if isinstance(method, str):
     kw = {**stand_in_arguments(cfg, method), **kw}
   loop = cost.abstract_loop(cfg, method, batch=batch, **kw)
