@@ -218,7 +218,7 @@ def read_rows(path: str) -> list:
 def main(argv):
   del argv
   f = _CONFIG.value
-  reason = aot.tpu_unavailable()
+  reason = next(filter(None, (aot.unavailable(aot.parse_target(t)) for t in common.split_list(f.targets))), None)
   if reason:
     raise SystemExit(f"loopspec-aot: {reason}")
   path = os.path.join(f.out_dir, "rows.jsonl")

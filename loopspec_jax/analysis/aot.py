@@ -40,10 +40,47 @@ TOPOLOGIES = {
     "v6e": ("2x2", 32 * GIB),
 }
 
+# GPU targets ("cuda:<name>"): the CUDA PJRT plugin (`jax-cuda12-pjrt`, the `[cuda-aot]` extra) compiles for a
+# GPU described by a `GpuTargetConfigProto` without one. The device facts XLA's compiler reads (NVIDIA's
+# published H100 SXM figures, as XLA's own spec of it lists them); its memory is the chip's HBM.
+GPU_SPECS = {
+    "h100": {
+        "threads_per_block_limit": 1024,
+        "threads_per_warp": 32,
+        "shared_memory_per_block": 49152,
+        "shared_memory_per_core": 233472,
+        "threads_per_core_limit": 2048,
+        "core_count": 132,
+        "fpus_per_core": 128,
+        "block_dim_limit_x": 2147483647,
+        "block_dim_limit_y": 65535,
+        "block_dim_limit_z": 65535,
+        "memory_bandwidth": 3352320000000,
+        "l2_cache_size": 52428800,
+        "clock_rate_ghz": 1.98,
+        "device_memory_size": 84942979072,
+        "shared_memory_per_block_optin": 232448,
+        "registers_per_core_limit": 65536,
+        "registers_per_block_limit": 65536,
+        "cuda_compute_capability": {"major": 9},
+    },
+}
+GPU_NAMES = {"h100": "NVIDIA H100 80GB HBM3"}
+
+
+def gpu_target_config(name: str) -> str:
+  """The `GpuTargetConfigProto` (text format) of a GPU in GPU_SPECS."""
+  fields = lambda d: " ".join(f"{k} {{ {fields(v)} }}" if isinstance(v, dict) else f"{k}: {v}" for k, v in d.items())
+  return (
+      f'gpu_device_info {{ {fields(GPU_SPECS[name])} }} platform_name: "CUDA" '
+      f'dnn_version_info {{ major: 8 minor: 9 patch: 4 }} device_description_str: "{GPU_NAMES[name]}"'
+  )
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """A compile target: platform 'cpu' or 'tpu'; a TPU's generation and topology ('v5e', '2x4')."""
+  """A compile target: platform 'cpu', 'tpu' (a generation and topology: 'v5e', '2x4') or 'cuda' (a GPU of
+  GPU_SPECS as the generation, one device)."""
 
   platform: str
   generation: Optional[str] = None
@@ -51,11 +88,15 @@ class Target:
 
   @property
   def name(self) -> str:
+    if self.platform == "cuda":
+      return f"cuda:{self.generation}"
     return self.platform if self.platform == "cpu" else f"tpu:{self.generation}:{self.topology}"
 
   @property
   def hbm_bytes(self) -> Optional[float]:
     """HBM of one chip (None on the CPU)."""
+    if self.platform == "cuda":
+      return float(GPU_SPECS[self.generation]["device_memory_size"])
     return TOPOLOGIES[self.generation][1] if self.platform == "tpu" else None
 
 
@@ -64,12 +105,15 @@ def parse_target(text: str) -> Target:
   parts = str(text).strip().lower().split(":")
   if parts == ["cpu"]:
     return Target("cpu")
+  if parts[0] == "cuda" and len(parts) == 2 and parts[1] in GPU_SPECS:
+    return Target("cuda", parts[1], "1x1x1")
   if parts[0] == "tpu" and len(parts) in (2, 3) and parts[1] in TOPOLOGIES:
     topo = parts[2] if len(parts) == 3 else TOPOLOGIES[parts[1]][0]
     if re.fullmatch(r"\d+(x\d+){1,2}", topo):
       return Target("tpu", parts[1], topo)
   raise ValueError(
-      f"unknown target {text!r}: 'cpu' or 'tpu:<generation>[:<topology>]', generations {sorted(TOPOLOGIES)}"
+      f"unknown target {text!r}: 'cpu', 'tpu:<generation>[:<topology>]' (generations {sorted(TOPOLOGIES)}) or"
+      f" 'cuda:<gpu>' (gpus {sorted(GPU_SPECS)})"
   )
 
 
@@ -80,11 +124,33 @@ def tpu_unavailable() -> Optional[str]:
   return None
 
 
+def cuda_unavailable() -> Optional[str]:
+  """Why GPU targets cannot compile here (None when the CUDA PJRT plugin is installed)."""
+  if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    return "the CUDA PJRT plugin is not installed (pip install '.[cuda-aot]')"
+  return None
+
+
+def unavailable(target: Target) -> Optional[str]:
+  """Why the target cannot compile here (None when it can)."""
+  return {"tpu": tpu_unavailable, "cuda": cuda_unavailable}.get(target.platform, lambda: None)()
+
+
 @functools.lru_cache(maxsize=None)
 def target_devices(target: Target) -> tuple:
-  """The target's devices: the CPU backend's, or a TPU topology's (abstract: they compile, never run)."""
+  """The target's devices: the CPU backend's, a TPU topology's or a described GPU's (abstract: they compile,
+  never run)."""
   if target.platform == "cpu":
     return tuple(jax.devices("cpu"))
+  if target.platform == "cuda":
+    reason = cuda_unavailable()
+    if reason:
+      raise RuntimeError(f"target {target.name}: {reason}")
+    from jax.experimental import topologies  # noqa: PLC0415
+
+    config = gpu_target_config(target.generation)
+    desc = topologies.get_topology_desc(target.generation, "cuda", target_config=config, topology=target.topology)
+    return tuple(desc.devices)
   reason = tpu_unavailable()
   if reason:
     raise RuntimeError(f"target {target.name}: {reason}")
