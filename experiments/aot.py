@@ -134,45 +134,55 @@ def done_keys(path: str) -> set:
   return {tuple(r[k] for k in KEY) for r in rows}
 
 
+def gb(x) -> str:
+  """Bytes as GB (1e9) with two decimals; '-' for None."""
+  return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def md_table(header: str, lines: list) -> str:
+  """A markdown table: header 'a | b | c' and one list of cells per line."""
+  rule = "|" + "---|" * (header.count("|") + 1)
+  return "\n".join([f"| {header} |", rule] + ["| " + " | ".join(str(c) for c in cells) + " |" for cells in lines])
+
+
+def row_key_cells(r: dict) -> list:
+  return [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"]]
+
+
 def markdown(rows: list) -> str:
   """One line per row: fits, HBM and temporaries (GB), KV copies in loops, parser vs XLA bytes / flops."""
-  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
-  lines = [
-      "| model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
-      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB |",
-      "|" + "---|" * 17,
-  ]
+  lines = []
   for r in rows:
     fits = {True: "yes", False: "no", None: "-"}[r["fits"]]
     ratio = f"{r['xla_bytes'] / r['parser_bytes']:.2f}" if r["parser_bytes"] and r["xla_bytes"] else "-"
     ms = "-" if r["xla_optimal_seconds"] is None else f"{1e3 * r['xla_optimal_seconds']:.1f}"
     copies = "-" if r["loop_copies"] is None else r["loop_copies"]
-    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], fits, gb(r["hbm_bytes"])]
-    cells += [gb(r["temp_bytes"]), copies, gb(r["parser_bytes"]), gb(r["xla_bytes"]), ratio]
-    cells += [gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
-    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-  return "\n".join(lines)
+    cells = row_key_cells(r) + [fits, gb(r["hbm_bytes"]), gb(r["temp_bytes"]), copies, gb(r["parser_bytes"])]
+    cells += [gb(r["xla_bytes"]), ratio, gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
+    lines.append(cells)
+  header = (
+      "model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
+      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB"
+  )
+  return md_table(header, lines)
 
 
 def memory_markdown(rows: list) -> str:
   """The compiler's memory per device, one line per row (GB = 1e9 bytes): arguments, temporaries, HBM (their
   sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops. A refused
   row's HBM is the figure the compiler names; its temporaries that figure less the logical arguments."""
-  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
-  lines = [
-      "| model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits |"
-      " KV copies in loops |",
-      "|" + "---|" * 12,
-  ]
+  lines = []
   for r in rows:
     fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
-    hbm = aot.parse_target(r["target"]).hbm_bytes
-    hbm_cell = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
+    hbm = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
     copies = "-" if r["loop_copies"] is None else r["loop_copies"]
-    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], gb(r["argument_bytes"])]
-    cells += [gb(r["temp_bytes"]), hbm_cell, gb(hbm), fits, copies]
-    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-  return "\n".join(lines)
+    chip = aot.parse_target(r["target"]).hbm_bytes
+    lines.append(row_key_cells(r) + [gb(r["argument_bytes"]), gb(r["temp_bytes"]), hbm, gb(chip), fits, copies])
+  header = (
+      "model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits"
+      " | KV copies in loops"
+  )
+  return md_table(header, lines)
 
 
 def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:

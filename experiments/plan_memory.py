@@ -265,19 +265,19 @@ def compile_aot_row(model: str, method: str, target: str, mesh: str, batch: int,
 
 def comparison_markdown(rows: list) -> str:
   """The plan beside the compiler, GB = 1e9 bytes per device."""
-  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
-  lines = [
-      "| model | method | target | mesh | batch | context | plan GB | compiler arguments GB | compiler temporaries GB |"
-      " compiler HBM GB | HBM / plan | within 10% | fits (compiler) |",
-      "|" + "---|" * 13,
-  ]
+  from loopspec_experiments import aot as aot_report  # noqa: PLC0415 (the aot report's table helpers)
+
+  gb, lines = aot_report.gb, []
   for r in rows:
     fits = {True: "yes", False: "no", None: "-"}[r["fits"]] + ("" if r["compiled"] else " (refused)")
-    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], gb(r["plan_bytes"])]
-    cells += [gb(r["compiler_argument_bytes"]), gb(r["compiler_temp_bytes"]), gb(r["compiler_hbm_bytes"])]
-    cells += [f"{r['ratio']:.2f}", "yes" if r["agrees"] else "no", fits]
-    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-  return "\n".join(lines)
+    cells = aot_report.row_key_cells(r) + [gb(r["plan_bytes"]), gb(r["compiler_argument_bytes"])]
+    cells += [gb(r["compiler_temp_bytes"]), gb(r["compiler_hbm_bytes"]), f"{r['ratio']:.2f}"]
+    lines.append(cells + ["yes" if r["agrees"] else "no", fits])
+  header = (
+      "model | method | target | mesh | batch | context | plan GB | compiler arguments GB | compiler temporaries GB"
+      " | compiler HBM GB | HBM / plan | within 10% | fits (compiler)"
+  )
+  return aot_report.md_table(header, lines)
 
 
 def compiler_comparison(f) -> str:
