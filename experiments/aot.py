@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import math
 import os
 
 from absl import flags
@@ -28,6 +27,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import aot, cost
+from loopspec_jax.parallel import sharding
 from loopspec_configs import models as model_configs
 from loopspec_experiments import common
 
@@ -95,7 +95,9 @@ def reparse(path: str, hlo_dir: str, dtype: str):
   rows = read_rows(path)
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
+    mesh = tuple(int(x) for x in row["mesh"].split("x"))
     cfg = model_configs.model_config(row["model"]).replace(dtype=dtype, max_len=row["context"])
+    cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
       mem = aot.refused_memory(row["error"], loop)
@@ -107,7 +109,7 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     slot = cost.slot_bytes(cfg, row["batch"], loop.total_len)
     step = cost.analyze_hlo(hlo, cost.kv_leaf_dims(loop.state), slot)
     row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
-    row["loop_copies"] = aot.loop_copies(hlo, math.prod(cost.kv_leaf_dims(loop.state)[0][-4:]), loop.total_len)
+    row["loop_copies"] = aot.loop_copies(hlo, aot.slot_elements(cost.kv_leaf_dims(loop.state), mesh), loop.total_len)
   common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 

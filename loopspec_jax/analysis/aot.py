@@ -192,8 +192,15 @@ class AotLoop:
     """`loop_copies` of the compiled HLO (None when the compiler refused the program)."""
     if not self.compiled:
       return None
-    slot = self.kv_dims[0][-4:] if self.kv_dims else (1,)
-    return loop_copies(self.hlo, math.prod(slot), self.total_len)
+    return loop_copies(self.hlo, slot_elements(self.kv_dims, self.mesh), self.total_len)
+
+
+def slot_elements(kv_dims: list, mesh: Tuple[int, int] = (1, 1)) -> int:
+  """Elements of one KV slot [B, KV, T, D] on one device: the whole slot over the devices of the mesh (requests
+  over data, KV heads over model; a dim the mesh does not divide is replicated, so this is at most the
+  device's share and `loop_copies` counts no fewer copies)."""
+  slot = kv_dims[0][-4:] if kv_dims else (1,)
+  return max(1, math.prod(slot) // (int(mesh[0]) * int(mesh[1])))
 
 
 def memory_row(stats, hbm: Optional[float]) -> dict:
