@@ -110,6 +110,12 @@ def test_gpu_target_config_is_a_text_proto():
   assert aot.parse_target("cuda:h100").hbm_bytes == 84942979072
 
 
+def test_slot_elements_is_one_devices_share():
+  dims = [(4, 2, 8, 64, 16)]  # [G, B, KV, T, D]: a slot is B x KV x T x D
+  assert aot.slot_elements(dims) == 2 * 8 * 64 * 16
+  assert aot.slot_elements(dims, (2, 4)) == 2 * 8 * 64 * 16 // 8
+
+
 def test_loop_copies_counts_only_kv_buffers_in_while_bodies():
   def loop(buf, v):
     body = lambda c: (c[0] + 1, c[1].at[c[0]].set(v), c[1])  # the carry holds old and new: a copy per iteration
