@@ -100,7 +100,7 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
-      mem = aot.refused_memory(row["error"], loop)
+      mem = aot.refused_memory(row["error"], loop, mesh[0] * mesh[1])
       row.update({k: mem[k] for k in ("hbm_bytes", "argument_bytes", "temp_bytes")})
     if not row["compiled"] or not os.path.exists(src):
       continue
@@ -136,15 +136,7 @@ def done_keys(path: str) -> set:
   return {tuple(r[k] for k in KEY) for r in rows}
 
 
-def gb(x) -> str:
-  """Bytes as GB (1e9) with two decimals; '-' for None."""
-  return "-" if x is None else f"{x / 1e9:.2f}"
-
-
-def md_table(header: str, lines: list) -> str:
-  """A markdown table: header 'a | b | c' and one list of cells per line."""
-  rule = "|" + "---|" * (header.count("|") + 1)
-  return "\n".join([f"| {header} |", rule] + ["| " + " | ".join(str(c) for c in cells) + " |" for cells in lines])
+gb, md_table = common.gb, common.md_table
 
 
 def row_key_cells(r: dict) -> list:

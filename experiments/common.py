@@ -393,3 +393,14 @@ def _json_default(x):
 def is_main_process() -> bool:
   """Whether this is process 0 (the one that writes results) of a possibly multi-process run."""
   return jax.process_index() == 0
+
+
+def gb(x) -> str:
+  """Bytes as GB (1e9) with two decimals; '-' for None."""
+  return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def md_table(header: str, lines: list) -> str:
+  """A markdown table: header 'a | b | c' and one list of cells per line."""
+  rule = "|" + "---|" * (header.count("|") + 1)
+  return "\n".join([f"| {header} |", rule] + ["| " + " | ".join(str(c) for c in cells) + " |" for cells in lines])

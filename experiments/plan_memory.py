@@ -256,28 +256,31 @@ def compare_row(aot_row: dict, dtype: str = "bfloat16", tolerance: float = 0.10)
 
 
 def compile_aot_row(model: str, method: str, target: str, mesh: str, batch: int, context: int, dtype: str) -> dict:
-  """The `loopspec-aot` row of one configuration, compiled here (needs libtpu: `aot.tpu_unavailable`)."""
-  from loopspec_experiments import aot as aot_report  # noqa: PLC0415 (only with libtpu)
+  """The memory fields of a `loopspec-aot` row of one configuration, compiled here (needs libtpu:
+  `aot.tpu_unavailable`)."""
+  from loopspec_jax.analysis import aot  # noqa: PLC0415 (only with libtpu)
 
-  shape = tuple(mesh_configs.parse_shape(mesh))
-  return aot_report.measure(model, method, target, shape, batch, context, dtype)
+  cfg = model_configs.model_config(model).replace(dtype=dtype, max_len=context)
+  r = aot.compile_loop(cfg, method, target, tuple(mesh_configs.parse_shape(mesh)), batch=batch)
+  row = {"model": model, "method": method, "target": r.target, "mesh": mesh, "batch": batch, "context": context}
+  row.update(compiled=r.compiled, error=r.error, fits=r.memory.get("fits"))
+  return {**row, **{k: r.memory.get(k) for k in ("argument_bytes", "temp_bytes", "hbm_bytes")}}
 
 
 def comparison_markdown(rows: list) -> str:
   """The plan beside the compiler, GB = 1e9 bytes per device."""
-  from loopspec_experiments import aot as aot_report  # noqa: PLC0415 (the aot report's table helpers)
-
-  gb, lines = aot_report.gb, []
+  gb, lines = common.gb, []
   for r in rows:
     fits = {True: "yes", False: "no", None: "-"}[r["fits"]] + ("" if r["compiled"] else " (refused)")
-    cells = aot_report.row_key_cells(r) + [gb(r["plan_bytes"]), gb(r["compiler_argument_bytes"])]
+    cells = [r[k] for k in ("model", "method", "target", "mesh", "batch", "context")]
+    cells += [gb(r["plan_bytes"]), gb(r["compiler_argument_bytes"])]
     cells += [gb(r["compiler_temp_bytes"]), gb(r["compiler_hbm_bytes"]), f"{r['ratio']:.2f}"]
     lines.append(cells + ["yes" if r["agrees"] else "no", fits])
   header = (
       "model | method | target | mesh | batch | context | plan GB | compiler arguments GB | compiler temporaries GB"
       " | compiler HBM GB | HBM / plan | within 10% | fits (compiler)"
   )
-  return aot_report.md_table(header, lines)
+  return common.md_table(header, lines)
 
 
 def compiler_comparison(f) -> str:

@@ -31,10 +31,11 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.parallel import sharding
 
 GIB = 1024.0**3
-# generation -> (smallest topology get_topology_desc accepts, HBM per chip in bytes). v5e's is the figure its
-# compiler refuses a program over (15.75 GiB of 16); the others are the nominal capacities.
+# generation -> (smallest topology get_topology_desc accepts, HBM per device in bytes). v5e's and v4's are the
+# figures their compilers refuse a program over (v5e 15.75 GiB of 16; v4 "available HBM (15.25G)" for one
+# device of the topology, not the chip's nominal 32 GiB); v5p and v6e are the nominal capacities.
 TOPOLOGIES = {
-    "v4": ("2x2x1", 32 * GIB),
+    "v4": ("2x2x1", 15.25 * GIB),
     "v5e": ("2x2", 15.75 * GIB),
     "v5p": ("2x2x1", 95 * GIB),
     "v6e": ("2x2", 32 * GIB),
@@ -229,10 +230,13 @@ def refused_temp_bytes(error: str) -> Optional[float]:
   return float(m.group(1)) * 1024.0 ** "KMGT".index(m.group(2)) * 1024 if m else None
 
 
-def refused_memory(error: str, loop: cost.AbstractLoop) -> dict:
+def refused_memory(error: str, loop: cost.AbstractLoop, devices: int = 1) -> dict:
   """`memory_row` of a program refused for HBM: hbm_bytes the figure the compiler names, argument_bytes the
-  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference."""
+  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference. On
+  several devices the arguments' share per device is not known here: both None."""
   need = refused_temp_bytes(error)
+  if devices > 1:
+    return {"hbm_bytes": need, "argument_bytes": None, "temp_bytes": None, "fits": False}
   leaves = jax.tree_util.tree_leaves((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
   args = float(sum(x.size * x.dtype.itemsize for x in leaves if hasattr(x, "dtype") and hasattr(x, "size")))
   temp = None if need is None else need - args
@@ -323,7 +327,9 @@ def compile_loop(
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 (the compiler's refusal is a result: reported, not raised)
     msg = str(e).strip().splitlines()[0][:500]
-    return AotLoop(*args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop), {}, "", *kv)
+    return AotLoop(
+        *args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop, math.prod(mesh_shape)), {}, "", *kv
+    )
   seconds = time.perf_counter() - t0
   mem = memory_row(compiled.memory_analysis(), target.hbm_bytes)
   return AotLoop(*args, True, None, seconds, mem, xla_cost_row(compiled), compiled.as_text(), *kv)
