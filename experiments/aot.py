@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import math
 import os
 
 from absl import flags
@@ -28,6 +27,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from loopspec_jax.analysis import aot, cost
+from loopspec_jax.parallel import sharding
 from loopspec_configs import models as model_configs
 from loopspec_experiments import common
 
@@ -95,10 +95,12 @@ def reparse(path: str, hlo_dir: str, dtype: str):
   rows = read_rows(path)
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
+    mesh = tuple(int(x) for x in row["mesh"].split("x"))
     cfg = model_configs.model_config(row["model"]).replace(dtype=dtype, max_len=row["context"])
+    cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
-      mem = aot.refused_memory(row["error"], loop)
+      mem = aot.refused_memory(row["error"], loop, mesh[0] * mesh[1])
       row.update({k: mem[k] for k in ("hbm_bytes", "argument_bytes", "temp_bytes")})
     if not row["compiled"] or not os.path.exists(src):
       continue
@@ -107,7 +109,7 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     slot = cost.slot_bytes(cfg, row["batch"], loop.total_len)
     step = cost.analyze_hlo(hlo, cost.kv_leaf_dims(loop.state), slot)
     row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
-    row["loop_copies"] = aot.loop_copies(hlo, math.prod(cost.kv_leaf_dims(loop.state)[0][-4:]), loop.total_len)
+    row["loop_copies"] = aot.loop_copies(hlo, aot.slot_elements(cost.kv_leaf_dims(loop.state), mesh), loop.total_len)
   common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -134,24 +136,47 @@ def done_keys(path: str) -> set:
   return {tuple(r[k] for k in KEY) for r in rows}
 
 
+gb, md_table = common.gb, common.md_table
+
+
+def row_key_cells(r: dict) -> list:
+  return [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"]]
+
+
 def markdown(rows: list) -> str:
   """One line per row: fits, HBM and temporaries (GB), KV copies in loops, parser vs XLA bytes / flops."""
-  gb = lambda x: "-" if x is None else f"{x / 1e9:.2f}"
-  lines = [
-      "| model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
-      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB |",
-      "|" + "---|" * 17,
-  ]
+  lines = []
   for r in rows:
     fits = {True: "yes", False: "no", None: "-"}[r["fits"]]
     ratio = f"{r['xla_bytes'] / r['parser_bytes']:.2f}" if r["parser_bytes"] and r["xla_bytes"] else "-"
     ms = "-" if r["xla_optimal_seconds"] is None else f"{1e3 * r['xla_optimal_seconds']:.1f}"
     copies = "-" if r["loop_copies"] is None else r["loop_copies"]
-    cells = [r["model"], r["method"], r["target"], r["mesh"], r["batch"], r["context"], fits, gb(r["hbm_bytes"])]
-    cells += [gb(r["temp_bytes"]), copies, gb(r["parser_bytes"]), gb(r["xla_bytes"]), ratio]
-    cells += [gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
-    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-  return "\n".join(lines)
+    cells = row_key_cells(r) + [fits, gb(r["hbm_bytes"]), gb(r["temp_bytes"]), copies, gb(r["parser_bytes"])]
+    cells += [gb(r["xla_bytes"]), ratio, gb(r["parser_flops"]), gb(r["xla_flops"]), ms, gb(r["ideal_bytes"])]
+    lines.append(cells)
+  header = (
+      "model | method | target | mesh | batch | context | fits | HBM GB | temp GB | loop copies | parser GB |"
+      " XLA GB | XLA / parser | parser GFLOP | XLA GFLOP | XLA ms | ideal AR GB"
+  )
+  return md_table(header, lines)
+
+
+def memory_markdown(rows: list) -> str:
+  """The compiler's memory per device, one line per row (GB = 1e9 bytes): arguments, temporaries, HBM (their
+  sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops. A refused
+  row's HBM is the figure the compiler names; its temporaries that figure less the logical arguments."""
+  lines = []
+  for r in rows:
+    fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
+    hbm = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
+    copies = "-" if r["loop_copies"] is None else r["loop_copies"]
+    chip = aot.parse_target(r["target"]).hbm_bytes
+    lines.append(row_key_cells(r) + [gb(r["argument_bytes"]), gb(r["temp_bytes"]), hbm, gb(chip), fits, copies])
+  header = (
+      "model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits"
+      " | KV copies in loops"
+  )
+  return md_table(header, lines)
 
 
 def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:
@@ -197,7 +222,7 @@ def read_rows(path: str) -> list:
 def main(argv):
   del argv
   f = _CONFIG.value
-  reason = aot.tpu_unavailable()
+  reason = next(filter(None, (aot.unavailable(aot.parse_target(t)) for t in common.split_list(f.targets))), None)
   if reason:
     raise SystemExit(f"loopspec-aot: {reason}")
   path = os.path.join(f.out_dir, "rows.jsonl")
@@ -228,9 +253,12 @@ def main(argv):
 
 
 def write_table(out_dir: str, path: str):
-  text = markdown(read_rows(path))
+  """table.md (every field) and memory.md (the compiler's memory: docs/scaling.md quotes it) of rows.jsonl."""
+  rows = read_rows(path)
+  text = markdown(rows)
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "table.md"), text + "\n")
+  common.atomic_write_text(os.path.join(out_dir, "memory.md"), memory_markdown(rows) + "\n")
 
 
 def run():

@@ -221,3 +221,14 @@ def model_config_at(spec: str, dtype: str, context: int):
 def load_model(cfg):
   """The model of an experiment config (fields model, contraction, seed)."""
   return models.load_model(cfg, model_configs.model_config)
+
+
+def gb(x) -> str:
+  """Bytes as GB (1e9) with two decimals; '-' for None."""
+  return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def md_table(header: str, lines: list) -> str:
+  """A markdown table: header 'a | b | c' and one list of cells per line."""
+  rule = "|" + "---|" * (header.count("|") + 1)
+  return "\n".join([f"| {header} |", rule] + ["| " + " | ".join(str(c) for c in cells) + " |" for cells in lines])

@@ -215,9 +215,106 @@ def largest_markdown(rows: list, memory_gib: float) -> str:
   return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The plan beside the TPU compiler's memory analysis (`loopspec-aot` rows, or a compile here with libtpu)
+# ---------------------------------------------------------------------------------------------------
+def aot_method(spec: str):
+  """(method, d1, d2) of a `loopspec-aot` method spec the planner covers ('ar', 'loopspec:d1=2,d2=8'), else
+  None (the planner plans AR and LoopSpec only)."""
+  name, _, args = spec.partition(":")
+  kw = dict(a.split("=", 1) for a in args.split(",") if a)
+  if name == "ar" and not kw:
+    return "ar", None, None
+  if name == "loopspec" and set(kw) <= {"d1", "d2"}:
+    return "loopspec", int(kw.get("d1", 0)) or None, int(kw["d2"]) if "d2" in kw else None
+  return None
+
+
+def compare_row(aot_row: dict, dtype: str = "bfloat16", tolerance: float = 0.10):
+  """A `loopspec-aot` row (one decode loop compiled for a TPU: per-device `argument_bytes`, `temp_bytes`,
+  `hbm_bytes`, `fits`) beside the plan of the same configuration (greedy, as the loop was compiled; cache
+  of the row's context), or None for a method the planner does not cover. `ratio` is the compiler's HBM
+  over the plan's total, `agrees` whether it is within `tolerance` (the plan counts neither activations nor
+  XLA's workspace, so it is a lower bound)."""
+  parsed = aot_method(aot_row["method"])
+  if parsed is None or aot_row.get("hbm_bytes") is None:
+    return None
+  method, d1, d2 = parsed
+  cfg = model_configs.model_config(aot_row["model"]).replace(dtype=dtype, max_len=int(aot_row["context"]))
+  mesh = mesh_configs.parse_shape(aot_row["mesh"])
+  d1 = d1 or (max(1, cfg.recurrence // 8) if method == "loopspec" else None)
+  cap = loopspec.default_capacity(cfg.recurrence, d1, d2) if method == "loopspec" else None
+  plan = plan_row(
+      cfg, int(aot_row["batch"]), int(aot_row["context"]), mesh, method, d1=d1, d2=d2, capacity=cap, greedy=True
+  )
+  ratio = aot_row["hbm_bytes"] / plan["total"]
+  keys = ("model", "method", "target", "mesh", "batch", "context", "compiled", "fits")
+  out = {k: aot_row[k] for k in keys}
+  out.update({f"compiler_{k}": aot_row[k] for k in ("argument_bytes", "temp_bytes", "hbm_bytes")})
+  out.update(plan_bytes=plan["total"], ratio=ratio, agrees=bool(abs(ratio - 1.0) <= tolerance))
+  return out
+
+
+def compile_aot_row(model: str, method: str, target: str, mesh: str, batch: int, context: int, dtype: str) -> dict:
+  """The memory fields of a `loopspec-aot` row of one configuration, compiled here (needs libtpu:
+  `aot.tpu_unavailable`)."""
+  from loopspec_jax.analysis import aot  # noqa: PLC0415 (only with libtpu)
+
+  cfg = model_configs.model_config(model).replace(dtype=dtype, max_len=context)
+  r = aot.compile_loop(cfg, method, target, tuple(mesh_configs.parse_shape(mesh)), batch=batch)
+  row = {"model": model, "method": method, "target": r.target, "mesh": mesh, "batch": batch, "context": context}
+  row.update(compiled=r.compiled, error=r.error, fits=r.memory.get("fits"))
+  return {**row, **{k: r.memory.get(k) for k in ("argument_bytes", "temp_bytes", "hbm_bytes")}}
+
+
+def comparison_markdown(rows: list) -> str:
+  """The plan beside the compiler, GB = 1e9 bytes per device."""
+  gb, lines = common.gb, []
+  for r in rows:
+    fits = {True: "yes", False: "no", None: "-"}[r["fits"]] + ("" if r["compiled"] else " (refused)")
+    cells = [r[k] for k in ("model", "method", "target", "mesh", "batch", "context")]
+    cells += [gb(r["plan_bytes"]), gb(r["compiler_argument_bytes"])]
+    cells += [gb(r["compiler_temp_bytes"]), gb(r["compiler_hbm_bytes"]), f"{r['ratio']:.2f}"]
+    lines.append(cells + ["yes" if r["agrees"] else "no", fits])
+  header = (
+      "model | method | target | mesh | batch | context | plan GB | compiler arguments GB | compiler temporaries GB"
+      " | compiler HBM GB | HBM / plan | within 10% | fits (compiler)"
+  )
+  return common.md_table(header, lines)
+
+
+def compiler_comparison(f) -> str:
+  """The plans beside the compiler's figures: every AR / LoopSpec row of `f.aot_rows` (a `loopspec-aot`
+  rows.jsonl), and with `f.aot_compile` each (model, mesh, batch, method) of the settings compiled here for
+  `f.aot_target`. Writes plan_vs_compiler.md / .json to out_dir."""
+  import json  # noqa: PLC0415
+
+  aot_rows = []
+  if f.aot_rows:
+    with open(f.aot_rows) as fh:
+      aot_rows = [json.loads(line) for line in fh if line.strip()]
+  if f.aot_compile:
+    for spec in common.split_list(f.models):
+      cfg = model_config(spec, f.dtype, f.context)
+      for method in common.split_list(f.methods):
+        _, d1, d2, _ = method_settings(cfg, method, f.d1, f.d2)
+        text = "ar" if method == "ar" else f"loopspec:d1={d1}" + ("" if d2 is None else f",d2={d2}")
+        for mesh in common.split_list(f.meshes):
+          for b in common.split_list(f.batches):
+            aot_rows.append(compile_aot_row(spec, text, f.aot_target, mesh, int(b), f.context, f.dtype))
+  rows = [r for r in (compare_row(a, f.dtype) for a in aot_rows) if r is not None]
+  text = comparison_markdown(rows)
+  if f.out_dir and common.is_main_process():
+    common.atomic_write_text(os.path.join(f.out_dir, "plan_vs_compiler.md"), text + "\n")
+    common.atomic_write_json(os.path.join(f.out_dir, "plan_vs_compiler.json"), {"rows": rows})
+  return text
+
+
 def main(argv):
   del argv
   f = _CONFIG.value
+  if f.aot_rows or f.aot_compile:
+    return print(compiler_comparison(f))
   rules = sharding.RULES
   if f.mesh_config:
     rules = sharding.rules_from_config(mesh_configs.resolve(f.mesh_config))

@@ -31,19 +31,57 @@ from loopspec_jax.config import ModelConfig
 from loopspec_jax.parallel import sharding
 
 GIB = 1024.0**3
-# generation -> (smallest topology get_topology_desc accepts, HBM per chip in bytes). v5e's is the figure its
-# compiler refuses a program over (15.75 GiB of 16); the others are the nominal capacities.
+# generation -> (smallest topology get_topology_desc accepts, HBM per device in bytes). v5e's and v4's are the
+# figures their compilers refuse a program over (v5e 15.75 GiB of 16; v4 "available HBM (15.25G)" for one
+# device of the topology, not the chip's nominal 32 GiB); v5p and v6e are the nominal capacities.
 TOPOLOGIES = {
-    "v4": ("2x2x1", 32 * GIB),
+    "v4": ("2x2x1", 15.25 * GIB),
     "v5e": ("2x2", 15.75 * GIB),
     "v5p": ("2x2x1", 95 * GIB),
     "v6e": ("2x2", 32 * GIB),
 }
 
+# GPU targets ("cuda:<name>"): the CUDA PJRT plugin (`jax-cuda12-pjrt`, the `[cuda-aot]` extra) compiles for a
+# GPU described by a `GpuTargetConfigProto` without one. The device facts XLA's compiler reads (NVIDIA's
+# published H100 SXM figures, as XLA's own spec of it lists them); its memory is the chip's HBM.
+GPU_SPECS = {
+    "h100": {
+        "threads_per_block_limit": 1024,
+        "threads_per_warp": 32,
+        "shared_memory_per_block": 49152,
+        "shared_memory_per_core": 233472,
+        "threads_per_core_limit": 2048,
+        "core_count": 132,
+        "fpus_per_core": 128,
+        "block_dim_limit_x": 2147483647,
+        "block_dim_limit_y": 65535,
+        "block_dim_limit_z": 65535,
+        "memory_bandwidth": 3352320000000,
+        "l2_cache_size": 52428800,
+        "clock_rate_ghz": 1.98,
+        "device_memory_size": 84942979072,
+        "shared_memory_per_block_optin": 232448,
+        "registers_per_core_limit": 65536,
+        "registers_per_block_limit": 65536,
+        "cuda_compute_capability": {"major": 9},
+    },
+}
+GPU_NAMES = {"h100": "NVIDIA H100 80GB HBM3"}
+
+
+def gpu_target_config(name: str) -> str:
+  """The `GpuTargetConfigProto` (text format) of a GPU in GPU_SPECS."""
+  fields = lambda d: " ".join(f"{k} {{ {fields(v)} }}" if isinstance(v, dict) else f"{k}: {v}" for k, v in d.items())
+  return (
+      f'gpu_device_info {{ {fields(GPU_SPECS[name])} }} platform_name: "CUDA" '
+      f'dnn_version_info {{ major: 8 minor: 9 patch: 4 }} device_description_str: "{GPU_NAMES[name]}"'
+  )
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """A compile target: platform 'cpu' or 'tpu'; a TPU's generation and topology ('v5e', '2x4')."""
+  """A compile target: platform 'cpu', 'tpu' (a generation and topology: 'v5e', '2x4') or 'cuda' (a GPU of
+  GPU_SPECS as the generation, one device)."""
 
   platform: str
   generation: Optional[str] = None
@@ -51,11 +89,15 @@ class Target:
 
   @property
   def name(self) -> str:
+    if self.platform == "cuda":
+      return f"cuda:{self.generation}"
     return self.platform if self.platform == "cpu" else f"tpu:{self.generation}:{self.topology}"
 
   @property
   def hbm_bytes(self) -> Optional[float]:
     """HBM of one chip (None on the CPU)."""
+    if self.platform == "cuda":
+      return float(GPU_SPECS[self.generation]["device_memory_size"])
     return TOPOLOGIES[self.generation][1] if self.platform == "tpu" else None
 
 
@@ -64,12 +106,15 @@ def parse_target(text: str) -> Target:
   parts = str(text).strip().lower().split(":")
   if parts == ["cpu"]:
     return Target("cpu")
+  if parts[0] == "cuda" and len(parts) == 2 and parts[1] in GPU_SPECS:
+    return Target("cuda", parts[1], "1x1x1")
   if parts[0] == "tpu" and len(parts) in (2, 3) and parts[1] in TOPOLOGIES:
     topo = parts[2] if len(parts) == 3 else TOPOLOGIES[parts[1]][0]
     if re.fullmatch(r"\d+(x\d+){1,2}", topo):
       return Target("tpu", parts[1], topo)
   raise ValueError(
-      f"unknown target {text!r}: 'cpu' or 'tpu:<generation>[:<topology>]', generations {sorted(TOPOLOGIES)}"
+      f"unknown target {text!r}: 'cpu', 'tpu:<generation>[:<topology>]' (generations {sorted(TOPOLOGIES)}) or"
+      f" 'cuda:<gpu>' (gpus {sorted(GPU_SPECS)})"
   )
 
 
@@ -80,11 +125,33 @@ def tpu_unavailable() -> Optional[str]:
   return None
 
 
+def cuda_unavailable() -> Optional[str]:
+  """Why GPU targets cannot compile here (None when the CUDA PJRT plugin is installed)."""
+  if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    return "the CUDA PJRT plugin is not installed (pip install '.[cuda-aot]')"
+  return None
+
+
+def unavailable(target: Target) -> Optional[str]:
+  """Why the target cannot compile here (None when it can)."""
+  return {"tpu": tpu_unavailable, "cuda": cuda_unavailable}.get(target.platform, lambda: None)()
+
+
 @functools.lru_cache(maxsize=None)
 def target_devices(target: Target) -> tuple:
-  """The target's devices: the CPU backend's, or a TPU topology's (abstract: they compile, never run)."""
+  """The target's devices: the CPU backend's, a TPU topology's or a described GPU's (abstract: they compile,
+  never run)."""
   if target.platform == "cpu":
     return tuple(jax.devices("cpu"))
+  if target.platform == "cuda":
+    reason = cuda_unavailable()
+    if reason:
+      raise RuntimeError(f"target {target.name}: {reason}")
+    from jax.experimental import topologies  # noqa: PLC0415
+
+    config = gpu_target_config(target.generation)
+    desc = topologies.get_topology_desc(target.generation, "cuda", target_config=config, topology=target.topology)
+    return tuple(desc.devices)
   reason = tpu_unavailable()
   if reason:
     raise RuntimeError(f"target {target.name}: {reason}")
@@ -126,8 +193,15 @@ class AotLoop:
     """`loop_copies` of the compiled HLO (None when the compiler refused the program)."""
     if not self.compiled:
       return None
-    slot = self.kv_dims[0][-4:] if self.kv_dims else (1,)
-    return loop_copies(self.hlo, math.prod(slot), self.total_len)
+    return loop_copies(self.hlo, slot_elements(self.kv_dims, self.mesh), self.total_len)
+
+
+def slot_elements(kv_dims: list, mesh: Tuple[int, int] = (1, 1)) -> int:
+  """Elements of one KV slot [B, KV, T, D] on one device: the whole slot over the devices of the mesh (requests
+  over data, KV heads over model; a dim the mesh does not divide is replicated, so this is at most the
+  device's share and `loop_copies` counts no fewer copies)."""
+  slot = kv_dims[0][-4:] if kv_dims else (1,)
+  return max(1, math.prod(slot) // (int(mesh[0]) * int(mesh[1])))
 
 
 def memory_row(stats, hbm: Optional[float]) -> dict:
@@ -156,10 +230,13 @@ def refused_temp_bytes(error: str) -> Optional[float]:
   return float(m.group(1)) * 1024.0 ** "KMGT".index(m.group(2)) * 1024 if m else None
 
 
-def refused_memory(error: str, loop: cost.AbstractLoop) -> dict:
+def refused_memory(error: str, loop: cost.AbstractLoop, devices: int = 1) -> dict:
   """`memory_row` of a program refused for HBM: hbm_bytes the figure the compiler names, argument_bytes the
-  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference."""
+  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference. On
+  several devices the arguments' share per device is not known here: both None."""
   need = refused_temp_bytes(error)
+  if devices > 1:
+    return {"hbm_bytes": need, "argument_bytes": None, "temp_bytes": None, "fits": False}
   leaves = jax.tree_util.tree_leaves((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
   args = float(sum(x.size * x.dtype.itemsize for x in leaves if hasattr(x, "dtype") and hasattr(x, "size")))
   temp = None if need is None else need - args
@@ -231,10 +308,14 @@ def compile_loop(
 ) -> AotLoop:
   """Compiles `method`'s decode loop for cfg on the target (a name or Target) from abstract shapes.
 
-  kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. A program the
+  kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. On a mesh
+  whose model axis does not divide the heads, cfg is laid out first (`sharding.padded_config`). A program the
   target's compiler refuses (e.g. over HBM) is returned with compiled=False and the compiler's message;
   for an HBM refusal `memory` is `refused_memory`."""
   target = parse_target(target) if isinstance(target, str) else target
+  # The heads laid out for the mesh as `generate(mesh=)` / `load(mesh=)` lay them out (Huginn-0125's 55 heads
+  # are 56 on a model axis of 2, 4 or 8): the cache and the parameters have the decoders' head count.
+  cfg = sharding.padded_config(cfg, target_mesh(target, mesh_shape))
   if isinstance(method, str):
     kw = {**stand_in_arguments(cfg, method), **kw}
   loop = cost.abstract_loop(cfg, method, batch=batch, **kw)
@@ -246,7 +327,9 @@ def compile_loop(
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 (the compiler's refusal is a result: reported, not raised)
     msg = str(e).strip().splitlines()[0][:500]
-    return AotLoop(*args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop), {}, "", *kv)
+    return AotLoop(
+        *args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop, math.prod(mesh_shape)), {}, "", *kv
+    )
   seconds = time.perf_counter() - t0
   mem = memory_row(compiled.memory_analysis(), target.hbm_bytes)
   return AotLoop(*args, True, None, seconds, mem, xla_cost_row(compiled), compiled.as_text(), *kv)

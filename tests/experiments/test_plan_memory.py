@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from loopspec_experiments import plan_memory
+from loopspec_jax.analysis import aot
 from loopspec_jax.parallel import sharding
 
 GIB = 1024**3
@@ -123,3 +124,44 @@ def test_cli_prints_a_table(tmp_path):
   assert "| 2x4 | 4 | 3 (pad 4) |" in plan  # heads: ouro:tiny's 4 heads / 2 KV heads laid out as 4 / 4
   lines = [l for l in largest.splitlines() if l.startswith("| ouro:tiny")]
   assert len(lines) == 2 * 2 and all("| none (" in l for l in lines)  # meshes x methods
+
+
+def _aot_row(method, hbm, **kw):
+  """A `loopspec-aot` row of huginn:tiny (context 32, one chip) with the compiler's HBM figure `hbm`."""
+  row = {"model": "huginn:tiny", "method": method, "target": "tpu:v5e:2x2", "mesh": "1x1", "batch": 1, "context": 32}
+  return {**row, "compiled": True, "fits": True, "argument_bytes": hbm, "temp_bytes": 0.0, "hbm_bytes": hbm, **kw}
+
+
+def test_aot_method_covers_ar_and_loopspec_only():
+  assert plan_memory.aot_method("ar") == ("ar", None, None)
+  assert plan_memory.aot_method("loopspec:d1=2,d2=8") == ("loopspec", 2, 8)
+  assert plan_memory.aot_method("loopspec:d1=2") == ("loopspec", 2, None)
+  assert plan_memory.aot_method("chain:d1=2,gamma=8") is None and plan_memory.aot_method("tree") is None
+
+
+@pytest.mark.parametrize("method, d1, d2", [("ar", None, None), ("loopspec:d1=2,d2=4", 2, 4)])
+def test_compare_row_puts_the_plan_beside_the_compiler(method, d1, d2):
+  """The plan of the row's configuration (greedy, the row's context and mesh) beside the compiler's HBM:
+  within 10% agrees, 1.5x does not; a method the planner does not cover gives None."""
+  cfg = plan_memory.model_config("huginn:tiny", "bfloat16", 32).replace(max_len=32)
+  name = method.partition(":")[0]
+  cap = None if name == "ar" else plan_memory.loopspec.default_capacity(cfg.recurrence, d1, d2)
+  plan = plan_memory.plan_row(cfg, 1, 32, (1, 1), name, d1=d1, d2=d2, capacity=cap, greedy=True)["total"]
+  near = plan_memory.compare_row(_aot_row(method, 1.05 * plan))
+  far = plan_memory.compare_row(_aot_row(method, 1.5 * plan, fits=False))
+  assert near["plan_bytes"] == plan and near["ratio"] == pytest.approx(1.05) and near["agrees"]
+  assert far["ratio"] == pytest.approx(1.5) and not far["agrees"]
+  text = plan_memory.comparison_markdown([near, far])
+  assert "| 1.05 | yes | yes |" in text and "| 1.50 | no | no |" in text
+  assert plan_memory.compare_row(_aot_row("tree", plan)) is None
+
+
+@pytest.mark.skipif(aot.tpu_unavailable() is not None, reason=f"TPU compiler: {aot.tpu_unavailable()}")
+def test_compiler_figure_beside_the_plan_when_libtpu_is_here():
+  """huginn:tiny AR compiled for one v5e chip: the compiler's arguments are the plan's trees (TPU tiles pad
+  them: at these sizes they are at least the plan's bytes) and its HBM figure is reported beside the plan."""
+  row = plan_memory.compile_aot_row("huginn:tiny", "ar", "tpu:v5e", "1x1", 1, 32, "bfloat16")
+  assert row["compiled"], row["error"]
+  cmp = plan_memory.compare_row(row)
+  assert cmp["compiler_argument_bytes"] >= cmp["plan_bytes"] > 0
+  assert cmp["compiler_hbm_bytes"] >= cmp["compiler_argument_bytes"] and cmp["ratio"] >= 1.0
