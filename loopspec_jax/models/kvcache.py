@@ -150,12 +150,43 @@ def ordered(index, dep, out_of_range: int):
 
 def _scatter(buf, lead, k, pos):
   """buf [*lead?, B, KV, T, D] <- k [B, S, KV, D] at per-request positions pos [B, S] (index `lead`)."""
-  b = k.shape[0]
-  bidx = jnp.arange(b)[:, None]
+  bidx = jnp.arange(k.shape[0])[:, None]
   k = k.astype(buf.dtype)
   if lead is None:
-    return stored(buf.at[bidx, :, pos].set(k, mode="drop"))
-  return stored(buf.at[lead, bidx, :, pos].set(k, mode="drop"))
+    return _put(buf, (), k, pos, lambda p: (bidx, slice(None), p))
+  return _put(buf, (lead,), k[None], pos, lambda p: (lead, bidx, slice(None), p), squeeze=True)
+
+
+def _put(buf, start, x, pos, index, squeeze=False):
+  """buf [*M, B, KV, T, D] <- x [*m, B, S, KV, D] at positions pos [B, S] (out of range: dropped), the m
+  leading entries from `start` (len M) on, pinned (`stored`). `index(pos)`: the same write as a scatter index
+  (x squeezed of its leading axis when `squeeze`).
+
+  On a TPU, a write of more than one column (several positions, or several core steps) is `update_slices`:
+  one scatter of several indices into a buffer whose positions are minor (its compact layout) is emitted by
+  the TPU compiler as a relayout of the whole buffer (head dim minor), the scatter and a relayout back,
+  inside the decode loop (2 x 0.94 GB live for each of Huginn-0125's [32, 1, 55, 2053, 96] core buffers when
+  chain, tree, lookup or lookahead verify several positions); an update slice writes in place. A TPU
+  lowering only (`lax.platform_dependent`); other backends keep the one scatter."""
+  whole = lambda b: stored(b.at[index(pos)].set(x[0] if squeeze else x, mode="drop"))
+  if pos.shape[-1] * x[..., 0, 0, 0, 0].size == 1:
+    return whole(buf)
+  return jax.lax.platform_dependent(buf, tpu=lambda b: update_slices(b, start, x, pos), default=whole)
+
+
+def update_slices(buf, start, x, pos):
+  """`_put`'s write as one dynamic update slice per (request, position), each pinned (`stored`): the values
+  of the scatter (an out-of-range position keeps the slot's old value, the scatter's drop; a negative one
+  counts from the end, as the scatter's index does)."""
+  t, m = buf.shape[-2], x.ndim - 4
+  for r in range(pos.shape[0]):
+    for s in range(pos.shape[1]):
+      p = pos[r, s] + jnp.where(pos[r, s] < 0, t, 0)
+      at = tuple(start) + (r, 0, jnp.clip(p, 0, t - 1), 0)
+      new = jnp.expand_dims(x[..., r, s, :, :], (m, m + 2))  # [*m, 1, KV, 1, D]
+      old = jax.lax.dynamic_slice(buf, at, new.shape)
+      buf = stored(jax.lax.dynamic_update_slice(buf, jnp.where((p >= 0) & (p < t), new, old), at))
+  return buf
 
 
 def _write(pairs, idx, lead, k, v, pos):
@@ -184,13 +215,13 @@ def write_core(cache: KVCache, layout: CacheLayout, step, k, v, pos) -> KVCache:
 
 def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> KVCache:
   """Writes the entries of several core steps at once: k/v [n_steps, L, B, S, KV, D] for steps [n_steps]
-  (traced, group == 1) at positions pos [B, S]: one in-place scatter per buffer, after a loop over steps
+  (traced, consecutive, group == 1) at positions pos [B, S]: one in-place scatter per buffer, after a loop over steps
   that only READ the cache (a loop carrying the cache makes XLA copy every buffer at its boundary)."""
   if layout.group != 1:
     raise ValueError("write_core_steps needs a cache laid out with group=1")
-  b = k.shape[2]
-  idx = (steps[:, None, None], jnp.arange(b)[None, :, None], slice(None), pos[None])
-  put = lambda buf, x: stored(buf.at[idx].set(x.astype(buf.dtype), mode="drop"))
+  bidx = jnp.arange(k.shape[2])[None, :, None]
+  index = lambda p: (steps[:, None, None], bidx, slice(None), p[None])
+  put = lambda buf, x: _put(buf, (steps[0],), x.astype(buf.dtype), pos, index)
   core = tuple((put(kb, k[:, l]), put(vb, v[:, l])) for l, (kb, vb) in enumerate(cache.core))
   return cache.replace(core=core)
 

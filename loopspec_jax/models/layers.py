@@ -52,6 +52,16 @@ def compact(x, *, weight: bool = False):
   return jax.lax.platform_dependent(x, tpu=pin, default=lambda y: y)
 
 
+def row_major(x):
+  """x pinned, on a TPU, to the default (row-major) layout: a projection's output [B, S, N] with its N
+  features minor, so the product reads its weight [E, N] as stored. Unpinned, the rotary embedding's strided
+  reads of q/k (the interleaved pairs) make the TPU compiler want the product's output feature-major, which
+  it gets by a transposed copy of every q/k weight stack before the decode loop (Huginn-0125: 1 GB when
+  several rows are verified). A no-op on other backends."""
+  pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=tuple(range(y.ndim))))
+  return jax.lax.platform_dependent(x, tpu=pin, default=lambda y: y)
+
+
 def rms_norm(x, w, eps, count=None):
   """RMSNorm computed in float32, returned in x's dtype. `count`: the number of real entries of the last axis
   to average over (the rest are zero padding, see ModelConfig.head_padding); None: all of them."""
@@ -136,9 +146,9 @@ def attention_sublayer(p, x, pos, self_mask, ctx: Sequence[Segment], cfg: ModelC
   """
   b, s, _ = x.shape
   h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  q = x @ p["wq"]
-  k = x @ p["wk"]
-  v = x @ p["wv"]
+  q = row_major(x @ p["wq"])
+  k = row_major(x @ p["wk"])
+  v = row_major(x @ p["wv"])
   if cfg.qk_norm:  # OLMo-2: RMSNorm over the full projection width (padding excluded), before the head split
     q = rms_norm(q, p["q_norm"], cfg.norm_eps, cfg.real_q_width)
     k = rms_norm(k, p["k_norm"], cfg.norm_eps, cfg.real_kv_width)
