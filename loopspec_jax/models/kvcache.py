@@ -157,6 +157,9 @@ def _scatter(buf, lead, k, pos):
   return _put(buf, (lead,), k[None], pos, lambda p: (lead, bidx, slice(None), p), squeeze=True)
 
 
+MAX_UPDATE_SLICES = 64  # the most (request, position) writes `_put` unrolls as update slices on a TPU
+
+
 def _put(buf, start, x, pos, index, squeeze=False):
   """buf [*M, B, KV, T, D] <- x [*m, B, S, KV, D] at positions pos [B, S] (out of range: dropped), the m
   leading entries from `start` (len M) on, pinned (`stored`). `index(pos)`: the same write as a scatter index
@@ -167,9 +170,11 @@ def _put(buf, start, x, pos, index, squeeze=False):
   the TPU compiler as a relayout of the whole buffer (head dim minor), the scatter and a relayout back,
   inside the decode loop (2 x 0.94 GB live for each of Huginn-0125's [32, 1, 55, 2053, 96] core buffers when
   chain, tree, lookup or lookahead verify several positions); an update slice writes in place. A TPU
-  lowering only (`lax.platform_dependent`); other backends keep the one scatter."""
+  lowering only (`lax.platform_dependent`); other backends keep the one scatter. Unrolled, the update slices
+  are B x S ops in the program, so past `MAX_UPDATE_SLICES` of them (large batches: the statistical tests'
+  3000 requests traced 3000 x S slices in the TPU branch) the write stays one scatter on every backend."""
   whole = lambda b: stored(b.at[index(pos)].set(x[0] if squeeze else x, mode="drop"))
-  if pos.shape[-1] * x[..., 0, 0, 0, 0].size == 1:
+  if pos.shape[-1] * x[..., 0, 0, 0, 0].size == 1 or pos.size > MAX_UPDATE_SLICES:
     return whole(buf)
   return jax.lax.platform_dependent(buf, tpu=lambda b: update_slices(b, start, x, pos), default=whole)
 

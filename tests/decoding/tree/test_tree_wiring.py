@@ -26,9 +26,9 @@ from loopspec_jax.decoding.stats import DecodeStats
 from loopspec_jax.decoding.tree import self_spec
 from loopspec_experiments import bench
 from loopspec_experiments import cost_report
-from loopspec_experiments import sweep_grid
-from loopspec_experiments import sweep_report
-from loopspec_experiments import sweep_stats
+from loopspec_jax.experiment import sweep_grid
+from loopspec_jax.experiment import sweep_report
+from loopspec_jax.experiment import sweep_stats
 
 NAME, CONTRACTION = "huginn:tiny", 0.05
 ENV = dict(d1=1, gamma=3, branch=2, tree_nodes=6)
