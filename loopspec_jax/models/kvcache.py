@@ -99,7 +99,7 @@ def stored(buf):
   heads or 96 dims padded to 128, 1.3-2.3x the bytes), so it relays the whole cache out into temporaries
   before the loop and back after it (12.4 GiB for Huginn-0125 at 2048 positions). Pinned, the loop keeps the
   argument's layout and the products read it in place. A no-op on other backends."""
-  return layers.compact(buf)
+  return layers.compact(buf, axes=(None,) * (buf.ndim - len(KV_AXES)) + KV_AXES)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from jax.experimental.layout import Layout, with_layout_constraint
 import jax.numpy as jnp
 
 from loopspec_jax.config import ModelConfig
+from loopspec_jax.parallel import rules
 
 NEG_INF = -1e30
 UNROLL_LAYERS = 0
@@ -28,7 +29,7 @@ def _padded(rows: int, cols: int, itemsize: int) -> int:
   return -(-rows // sub) * sub * (-(-cols // 128) * 128)
 
 
-def compact(x, *, weight: bool = False):
+def compact(x, *, weight: bool = False, axes=None):
   """x pinned, on a TPU, to the layout the TPU compiler gives such an array as a program argument: of its two
   minor axes, the one whose tiles pad least on the lanes (the last, XLA's default, on a tie). A KV buffer
   [.., T, D] with D = 96 or 64: positions on the lanes; a down projection [L, F, E] with E = 5280: F on the
@@ -37,7 +38,8 @@ def compact(x, *, weight: bool = False):
   the loop (the cache: 12.4 GiB for Huginn-0125 at 2048) or, where a `lax.switch` branch prefers another,
   copy it inside the loop (LoopSpec's KV blocks and layer stacks). `weight`: pin on a tie too (a weight's
   argument layout is the default then; a KV buffer's may permute further, so a tie leaves it free). A no-op
-  on other backends (the pin exists only in a TPU lowering)."""
+  on other backends (the pin exists only in a TPU lowering). `axes`: x's logical axes, so that on a mesh the
+  pin applies to each device's shard (`rules.per_shard`) instead of gathering x whole."""
   if x.ndim < 2:
     return x
   n, (a, b) = x.ndim, x.shape[-2:]
@@ -48,18 +50,24 @@ def compact(x, *, weight: bool = False):
     order = tuple(range(n))
   else:
     return x
+  return _pinned(x, order, axes)
+
+
+def _pinned(x, order: tuple, axes):
+  """x pinned to the layout `order` (major to minor) in a TPU lowering, per shard on a mesh when `axes` are
+  given; x itself on other backends."""
   pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=order))
-  return jax.lax.platform_dependent(x, tpu=pin, default=lambda y: y)
+  tpu = pin if axes is None else lambda y: rules.per_shard(pin, y, axes)
+  return jax.lax.platform_dependent(x, tpu=tpu, default=lambda y: y)
 
 
-def row_major(x):
+def row_major(x, axes=None):
   """x pinned, on a TPU, to the default (row-major) layout: a projection's output [B, S, N] with its N
   features minor, so the product reads its weight [E, N] as stored. Unpinned, the rotary embedding's strided
   reads of q/k (the interleaved pairs) make the TPU compiler want the product's output feature-major, which
   it gets by a transposed copy of every q/k weight stack before the decode loop (Huginn-0125: 1 GB when
-  several rows are verified). A no-op on other backends."""
-  pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=tuple(range(y.ndim))))
-  return jax.lax.platform_dependent(x, tpu=pin, default=lambda y: y)
+  several rows are verified). A no-op on other backends. `axes`: as `compact`'s."""
+  return _pinned(x, tuple(range(x.ndim)), axes)
 
 
 def rms_norm(x, w, eps, count=None):
@@ -146,9 +154,9 @@ def attention_sublayer(p, x, pos, self_mask, ctx: Sequence[Segment], cfg: ModelC
   """
   b, s, _ = x.shape
   h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  q = row_major(x @ p["wq"])
-  k = row_major(x @ p["wk"])
-  v = row_major(x @ p["wv"])
+  q = row_major(x @ p["wq"], ("batch", "length", "heads"))
+  k = row_major(x @ p["wk"], ("batch", "length", "kv_heads"))
+  v = row_major(x @ p["wv"], ("batch", "length", "kv_heads"))
   if cfg.qk_norm:  # OLMo-2: RMSNorm over the full projection width (padding excluded), before the head split
     q = rms_norm(q, p["q_norm"], cfg.norm_eps, cfg.real_q_width)
     k = rms_norm(k, p["k_norm"], cfg.norm_eps, cfg.real_kv_width)
@@ -221,7 +229,8 @@ class LayerViews:
     return jax.tree_util.tree_leaves(self.stack)[0].shape[0]
 
   def __getitem__(self, l: int) -> dict:
-    return jax.tree_util.tree_map(lambda x: (compact(x, weight=True) if x.ndim == 3 else x)[l], self.stack)
+    pin = lambda k, x: compact(x, weight=True, axes=rules.layer_axes(k)) if x.ndim == 3 else x
+    return {k: pin(k, x)[l] for k, x in self.stack.items()}
 
   def __iter__(self):
     return (self[l] for l in range(len(self)))

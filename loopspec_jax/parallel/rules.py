@@ -22,6 +22,8 @@ cheap next to a decode call, so nothing here is cached.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import types
@@ -209,6 +211,11 @@ def key_name(k) -> str:
   return str(k)
 
 
+def layer_axes(name: str):
+  """Logical axes of a block stack's parameter `name` ('wq', ...: [layers, ...]); None for one the table lacks."""
+  return ("layers", "embed") if name.startswith("norm_") else _LAYER_AXES.get(name)
+
+
 def param_axes(path, leaf) -> tuple:
   """Logical axes of one parameter from its path in the tree of `model.param_shapes`."""
   del leaf
@@ -273,3 +280,37 @@ def per_device_bytes(tree, kind, axis_sizes: dict, rules=RULES, cfg=None) -> int
   return int(
       sum(math.prod(shard_shape(x.shape, s, axis_sizes)) * np.dtype(x.dtype).itemsize for x, s in zip(leaves, specs))
   )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-shard ops while a sharded program is traced
+# ---------------------------------------------------------------------------------------------------
+_TRACING = contextvars.ContextVar("loopspec_tracing_mesh_plan", default=None)
+
+
+@contextlib.contextmanager
+def tracing(mesh_plan: MeshPlan):
+  """The plan of the sharded program being traced (`sharding.run_sharded`), for `per_shard`."""
+  token = _TRACING.set(mesh_plan)
+  try:
+    yield
+  finally:
+    _TRACING.reset(token)
+
+
+def per_shard(fn, x, axes):
+  """fn(x) for an fn that keeps shape and values (a layout pin): on each device's shard of x when a sharded
+  program is being traced (its spec from the logical `axes` by the plan's rules), else on x.
+
+  A layout pin (`with_layout_constraint`, a custom call) carries no sharding, so the SPMD partitioner
+  replicates its operand: inside a decode loop on a mesh, an all-gather of every pinned KV slot and weight
+  stack per step. Pinned per shard (`jax.shard_map` with the array's own spec) nothing moves. Any spec gives
+  the same values (fn is an identity on values), so a spec that differs from the array's costs a reshard,
+  never a wrong result."""
+  plan = _TRACING.get()
+  if plan is None:
+    return fn(x)
+  spec = logical_spec(axes, x.shape, plan.axis_sizes, plan.rules)
+  if all(s is None for s in spec):
+    return fn(x)
+  return jax.shard_map(fn, mesh=plan.mesh, in_specs=spec, out_specs=spec)(x)

@@ -193,7 +193,8 @@ def run_sharded(fn: Callable, static: tuple, layouts: tuple, mesh_plan: MeshPlan
   trees whose `layouts` entry is not None (`_lay_out`). One module-level function, so that every `jax.jit`
   built around it by `program` shares jax.jit's own trace and compile cache."""
   arrays = tuple(x if lay is None else _lay_out(x, lay, mesh_plan) for x, lay in zip(arrays, layouts))
-  return fn(*arrays, **dict(static))
+  with rules_lib.tracing(mesh_plan):  # layout pins per shard (`rules.per_shard`)
+    return fn(*arrays, **dict(static))
 
 
 def _bind(fn, mesh_plan: MeshPlan, ep: EntryPoint, args, kwargs):
