@@ -13,7 +13,6 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.decoding import common

@@ -34,7 +34,6 @@ from typing import Any, Optional, Union
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from loopspec_jax.checkpoint import loading
 from loopspec_jax.config import ModelConfig

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 from typing import Optional
 
-import jax
 import numpy as np
 
 from loopspec_jax.config import ModelConfig
