@@ -242,10 +242,10 @@ def main(argv):
     row = measure(spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir)
     with open(path, "a") as fh:
       fh.write(json.dumps(row) + "\n")
-    gb = lambda k: f"{row[k] / 1e9:.2f}" if row.get(k) is not None else "-"
     print(
         f"{spec} {method} {key[2]} {key[3]} b{batch} ctx{context}: compiled={row['compiled']} fits={row['fits']} "
-        f"temp={gb('temp_bytes')} GB copies={row['loop_copies']} parser={gb('parser_bytes')} xla={gb('xla_bytes')} GB "
+        f"temp={gb(row.get('temp_bytes'))} GB copies={row['loop_copies']} parser={gb(row.get('parser_bytes'))} "
+        f"xla={gb(row.get('xla_bytes'))} GB "
         f"({row['compile_seconds']:.0f} s)",
         flush=True,
     )

@@ -159,7 +159,7 @@ def markdown(proj: List[dict]) -> str:
 def compare_markdown(costs: List[dict]) -> str:
   """Per loop: the parser's iteration (steady-state / widest branch) against XLA's program, and XLA's
   optimal_seconds before and after the ConcatBitcast correction (with the rate it implies)."""
-  g = lambda x: f"{x / 1e9:.2f}"
+  g = common.gb
   lines = [
       "| model | method | target | parser GB: steady / widest | XLA GB | XLA / parser | parser GFLOP: steady / widest |"
       " XLA GFLOP | XLA / parser | outside the loop GB (copies) | XLA-like GB | XLA optimal_seconds |"
