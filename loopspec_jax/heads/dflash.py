@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import eagle
+from loopspec_jax.models import kvcache
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import heads as layout
@@ -148,7 +149,8 @@ def draft_logits(hp, tparams, anchor, p0, ck, cv, ctx_mask, gamma: int, cfg: Mod
   mask = jnp.broadcast_to(ctx_mask[:, None, :], (b, gamma + 1, ctx_mask.shape[-1]))
   bcfg = layout.base_config(cfg)
   for l in range(ck.shape[0]):
-    x, _ = layers.block(layer(hp, l), x, pos, full, [(ck[l], cv[l], mask)], bcfg)
+    ctx = [(kvcache.stored(ck[l], like=ck), kvcache.stored(cv[l], like=cv), mask)]  # read in the cache's layout
+    x, _ = layers.block(layer(hp, l), x, pos, full, ctx, bcfg)
   out = layers.rms_norm(x[:, 1:], hp["out_norm"], cfg.norm_eps)
   return M.lm_head(tparams, out, cfg)
 

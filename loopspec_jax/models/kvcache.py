@@ -16,6 +16,7 @@ Prefill fills a whole prompt at every depth; decoders write one or more position
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.struct
 import jax
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from loopspec_jax.config import ModelConfig
 from loopspec_jax.models import layers
 from loopspec_jax.models import looped as M
+from loopspec_jax.parallel import rules
 from loopspec_jax.parallel.logical import axes_field
 
 KV_AXES = ("batch", "kv_heads", "length", "head_dim")
@@ -89,17 +91,20 @@ def empty_cache(cfg: ModelConfig, layout: CacheLayout, batch: int, length: int) 
 # ---------------------------------------------------------------------------------------------------
 # The TPU layout of a buffer
 # ---------------------------------------------------------------------------------------------------
-def stored(buf):
-  """buf [..., T, D] as a decode loop keeps it: pinned on a TPU to its compact layout (`layers.compact`:
-  positions minor, head dim next, when D is not a multiple of the 128 lanes), the layout its compiler gives
-  the buffer as a program argument.
+def stored(x, like=None):
+  """x [..., KV, T, D] as a decode loop keeps it: pinned on a TPU to the layout its buffer (`like`, default x
+  itself) has as a program argument (`layers.kv_order`: positions on the lanes when D is 96 or 64, heads
+  under positions when D is 128 and the positions pad).
 
-  Every write of a loop-carried buffer goes through here. Unpinned, the TPU compiler carries the buffers of a
-  decode loop in the layout its attention products prefer (heads or head dim on the lanes: Huginn-0125's 55
-  heads or 96 dims padded to 128, 1.3-2.3x the bytes), so it relays the whole cache out into temporaries
-  before the loop and back after it (12.4 GiB for Huginn-0125 at 2048 positions). Pinned, the loop keeps the
-  argument's layout and the products read it in place. A no-op on other backends."""
-  return layers.compact(buf, axes=(None,) * (buf.ndim - len(KV_AXES)) + KV_AXES)
+  Every write of a loop-carried buffer goes through here, and so does every read of a slot and every window a
+  write reads or writes. Unpinned, the TPU compiler carries the buffers of a decode loop in the layout its
+  attention products prefer (heads or head dim on the lanes: Huginn-0125's 55 heads or 96 dims padded to 128,
+  1.3-2.3x the bytes), so it relays the whole cache out into temporaries before the loop and back after it
+  (12.4 GiB for Huginn-0125 at 2048 positions); an unpinned read or window may make it relay a buffer out
+  inside the loop (Ouro-1.4B's chain and tree: 13 and 26 copies of a core buffer per round). Pinned, the loop
+  keeps the argument's layout and the products read it in place. A no-op on other backends."""
+  shape = x.shape if like is None else like.shape
+  return layers.kv_pinned(x, shape, axes=(None,) * (x.ndim - len(KV_AXES)) + KV_AXES[-x.ndim:])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -110,19 +115,19 @@ def core_slot(cache: KVCache, layout: CacheLayout, step, l: int):
   if isinstance(step, int):
     k, v = cache.core[layout.core_buffer(step % layout.group, l)]
     g = step // layout.group
-    return k[g], v[g]
+    return stored(k[g], like=k), stored(v[g], like=v)
   if layout.group != 1:
     raise ValueError("a traced step index needs a cache laid out with group=1")
   k, v = cache.core[l]
   return (
-      jax.lax.dynamic_index_in_dim(k, step, 0, keepdims=False),
-      jax.lax.dynamic_index_in_dim(v, step, 0, keepdims=False),
+      stored(jax.lax.dynamic_index_in_dim(k, step, 0, keepdims=False), like=k),
+      stored(jax.lax.dynamic_index_in_dim(v, step, 0, keepdims=False), like=v),
   )
 
 
 def prelude_ctx(cache: KVCache, mask):
   """ctx_fn of the prelude stack attending to the committed prefix under mask [B, S, T]."""
-  return lambda l: [(cache.prelude[l][0], cache.prelude[l][1], mask)]
+  return lambda l: [(stored(cache.prelude[l][0]), stored(cache.prelude[l][1]), mask)]
 
 
 def core_ctx(cache: KVCache, layout: CacheLayout, step, mask):
@@ -130,7 +135,8 @@ def core_ctx(cache: KVCache, layout: CacheLayout, step, mask):
 
 
 def coda_ctx(cache: KVCache, readout: int, mask):
-  return lambda l: [(cache.coda[l][0][readout], cache.coda[l][1][readout], mask)]
+  coda = lambda l, i: stored(cache.coda[l][i][readout], like=cache.coda[l][i])
+  return lambda l: [(coda(l, 0), coda(l, 1), mask)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -150,11 +156,11 @@ def ordered(index, dep, out_of_range: int):
 
 def _scatter(buf, lead, k, pos):
   """buf [*lead?, B, KV, T, D] <- k [B, S, KV, D] at per-request positions pos [B, S] (index `lead`)."""
-  bidx = jnp.arange(k.shape[0])[:, None]
   k = k.astype(buf.dtype)
+  bidx = lambda p: jnp.arange(p.shape[0])[:, None]  # from the positions: a shard's own requests on a mesh
   if lead is None:
-    return _put(buf, (), k, pos, lambda p: (bidx, slice(None), p))
-  return _put(buf, (lead,), k[None], pos, lambda p: (lead, bidx, slice(None), p), squeeze=True)
+    return _put(buf, (), k, pos, lambda p: (bidx(p), slice(None), p))
+  return _put(buf, (lead,), k[None], pos, lambda p: (lead, bidx(p), slice(None), p), squeeze=True)
 
 
 MAX_UPDATE_SLICES = 64  # the most (request, position) writes `_put` unrolls as update slices on a TPU
@@ -165,16 +171,27 @@ def _put(buf, start, x, pos, index, squeeze=False):
   leading entries from `start` (len M) on, pinned (`stored`). `index(pos)`: the same write as a scatter index
   (x squeezed of its leading axis when `squeeze`).
 
-  On a TPU, a write of more than one column (several positions, or several core steps) is `update_slices`:
+  On a TPU, a write of more than one column (several requests, positions or core steps) is `update_slices`:
   one scatter of several indices into a buffer whose positions are minor (its compact layout) is emitted by
   the TPU compiler as a relayout of the whole buffer (head dim minor), the scatter and a relayout back,
   inside the decode loop (2 x 0.94 GB live for each of Huginn-0125's [32, 1, 55, 2053, 96] core buffers when
   chain, tree, lookup or lookahead verify several positions); an update slice writes in place. A TPU
   lowering only (`lax.platform_dependent`); other backends keep the one scatter. Unrolled, the update slices
   are B x S ops in the program, so past `MAX_UPDATE_SLICES` of them (large batches: the statistical tests'
-  3000 requests traced 3000 x S slices in the TPU branch) the write stays one scatter on every backend."""
+  3000 requests traced 3000 x S slices in the TPU branch) the write stays one scatter on every backend.
+
+  On a mesh each device writes its own shards (`rules.per_shard_call`: its requests, its KV heads): written
+  globally, the partitioned scatter's result was copied whole into the buffer's layout every token (AR, batch 8
+  on a 2x4 v5e mesh) and the update slices at static request indices gathered the batch (chain)."""
+  lead = (None,) * (x.ndim - 4)
+  axes = ((None,) * (buf.ndim - 4) + KV_AXES, lead + ("batch", None, "kv_heads", "head_dim"), ("batch", None))
+  return rules.per_shard_call(functools.partial(_put_local, start, index, squeeze), (buf, x, pos), axes, ("length",))
+
+
+def _put_local(start, index, squeeze, buf, x, pos):
+  """`_put` on one device's shards (or the whole arrays off a mesh): `index(pos)` from the positions given."""
   whole = lambda b: stored(b.at[index(pos)].set(x[0] if squeeze else x, mode="drop"))
-  if pos.shape[-1] * x[..., 0, 0, 0, 0].size == 1 or pos.size > MAX_UPDATE_SLICES:
+  if pos.size * x[..., 0, 0, 0, 0].size == 1 or pos.size > MAX_UPDATE_SLICES:
     return whole(buf)
   return jax.lax.platform_dependent(buf, tpu=lambda b: update_slices(b, start, x, pos), default=whole)
 
@@ -189,8 +206,9 @@ def update_slices(buf, start, x, pos):
       p = pos[r, s] + jnp.where(pos[r, s] < 0, t, 0)
       at = tuple(start) + (r, 0, jnp.clip(p, 0, t - 1), 0)
       new = jnp.expand_dims(x[..., r, s, :, :], (m, m + 2))  # [*m, 1, KV, 1, D]
-      old = jax.lax.dynamic_slice(buf, at, new.shape)
-      buf = stored(jax.lax.dynamic_update_slice(buf, jnp.where((p >= 0) & (p < t), new, old), at))
+      old = stored(jax.lax.dynamic_slice(buf, at, new.shape), like=buf)
+      new = stored(jnp.where((p >= 0) & (p < t), new, old), like=buf)
+      buf = stored(jax.lax.dynamic_update_slice(buf, new, at))
   return buf
 
 
@@ -218,14 +236,21 @@ def write_core(cache: KVCache, layout: CacheLayout, step, k, v, pos) -> KVCache:
   return cache.replace(core=core)
 
 
+def write_stack(buf, k, pos):
+  """buf [L, B, KV, T, D] <- k [L, B, S, KV, D] at positions pos [B, S] for every leading entry at once (a
+  position out of range is dropped), written as every cache write is (`_put`: update slices on a TPU)."""
+  lidx = jnp.arange(k.shape[0])[:, None, None]
+  index = lambda p: (lidx, jnp.arange(p.shape[0])[None, :, None], slice(None), p[None])
+  return _put(buf, (0,), k.astype(buf.dtype), pos, index)
+
+
 def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> KVCache:
   """Writes the entries of several core steps at once: k/v [n_steps, L, B, S, KV, D] for steps [n_steps]
   (traced, consecutive, group == 1) at positions pos [B, S]: one in-place scatter per buffer, after a loop over steps
   that only READ the cache (a loop carrying the cache makes XLA copy every buffer at its boundary)."""
   if layout.group != 1:
     raise ValueError("write_core_steps needs a cache laid out with group=1")
-  bidx = jnp.arange(k.shape[2])[None, :, None]
-  index = lambda p: (steps[:, None, None], bidx, slice(None), p[None])
+  index = lambda p: (steps[:, None, None], jnp.arange(p.shape[0])[None, :, None], slice(None), p[None])
   put = lambda buf, x: _put(buf, (steps[0],), x.astype(buf.dtype), pos, index)
   core = tuple((put(kb, k[:, l]), put(vb, v[:, l])) for l, (kb, vb) in enumerate(cache.core))
   return cache.replace(core=core)

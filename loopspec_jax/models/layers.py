@@ -53,6 +53,42 @@ def compact(x, *, weight: bool = False, axes=None):
   return _pinned(x, order, axes)
 
 
+def kv_order(shape, itemsize: int):
+  """Major-to-minor order of a KV array [..., KV, T, D] (a buffer, one slot, or a window of one) in the layout
+  the TPU gives such a buffer as a program argument (its default device layout, `get_default_layout`), or
+  None where this rule does not know it (one KV head: the TPU then tiles a leading axis). Leading axes keep
+  their order; of the last three:
+
+  - D a multiple of the 128 lanes (Ouro): heads on the sublanes under positions ([.., T, KV, D]) when the
+    positions would pad their sublane tiles (T not a multiple of 8 32-bit rows), else row-major;
+  - otherwise `compact`'s choice: positions on the lanes ([.., KV, D, T]) when they pad less than D does
+    (Huginn's 96, Raven-Llama's 64), else row-major.
+
+  tests/models/test_kvcache_layout.py holds this rule to the TPU client's own default layout for every
+  registered model's buffers (batch 1 and 8, contexts 2048 and 8192, per shard on the planned meshes)."""
+  n, (kv, t, d) = len(shape), shape[-3:]
+  lead, sub = tuple(range(n - 3)), 8 * max(1, 4 // itemsize)
+  if kv == 1:
+    return None
+  if d % 128 == 0:
+    tail = (1, 0, 2) if t % sub else (0, 1, 2)
+  else:
+    tail = (0, 2, 1) if _padded(d, t, itemsize) < _padded(t, d, itemsize) else (0, 1, 2)
+  return lead + tuple(n - 3 + i for i in tail)
+
+
+def kv_pinned(x, like_shape, axes=None):
+  """x [..., KV, T, D] pinned, on a TPU, to `kv_order` of the buffer it belongs to (shape `like_shape`, whose
+  trailing axes match x's): a read or a written window of a buffer in the buffer's own layout, so neither
+  makes the compiler relay the buffer out. A no-op where `kv_order` is None and on other backends."""
+  order = kv_order(like_shape, x.dtype.itemsize)
+  if order is None or x.ndim < 3:
+    return x
+  drop = len(order) - x.ndim
+  order = tuple(i - drop for i in order[drop:])
+  return _pinned(x, order, axes)
+
+
 def _pinned(x, order: tuple, axes):
   """x pinned to the layout `order` (major to minor) in a TPU lowering, per shard on a mesh when `axes` are
   given; x itself on other backends."""

@@ -105,6 +105,42 @@ def test_sharded_loop_pins_layouts_per_shard(spec):
   assert "all-gather" not in r.hlo and r.loop_copies == 0
 
 
+@needs_tpu
+@pytest.mark.parametrize(
+    "width",
+    [
+        pytest.param((4, 64, 32), id="tiny"),
+        # Huginn-0125's widths (56 heads laid out, head dim 96), its tiny depth: the copy shows only at a cache
+        # too large for on-chip memory (15 s on the 2-core host)
+        pytest.param((56, 5376, 2048), id="huginn-width", marks=pytest.mark.slow),
+    ],
+)
+def test_sharded_write_of_a_batch_stays_per_shard(width):
+  """AR at batch 8 on a (2, 4) mesh writes each token's entries shard by shard as update slices
+  (`rules.per_shard_call`): no KV copy in its loop. Before, the partitioned scatter's result was copied whole
+  into the pinned layout every token (the huginn-width case: 1 copy; Huginn-0125: 2)."""
+  heads, hidden, context = width
+  cfg = model_config("huginn:tiny", recurrence=4, max_len=context)
+  if heads != cfg.num_heads:
+    cfg = cfg.replace(dtype="bfloat16", hidden_size=hidden, num_heads=heads, num_kv_heads=heads, head_dim=96)
+    cfg = cfg.replace(intermediate_size=2 * hidden)
+  r = aot.compile_loop(cfg, "ar", "tpu:v5e:2x4", (2, 4), batch=8)
+  assert r.compiled, r.error
+  assert "all-gather" not in r.hlo and r.loop_copies == 0
+
+
+@needs_tpu
+def test_chain_keeps_an_ouro_shaped_cache_in_place():
+  """Ouro's head dim of 128 (16 KV heads, 2048 positions: heads under positions, `layers.kv_order`): chain's
+  loop reads and writes its core buffers in their argument layout. Before the reads and write windows were
+  pinned too, 2 copies of a core buffer in this loop (Ouro-1.4B: chain 13, tree 26 per round)."""
+  cfg = model_config("ouro:tiny", hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128)
+  cfg = cfg.replace(intermediate_size=4096, n_core=1, recurrence=3, max_len=2048)
+  r = aot.compile_loop(cfg, "chain:d1=1,gamma=4", TARGET)
+  assert r.compiled, r.error
+  assert r.loop_copies == 0
+
+
 @pytest.mark.skipif(aot.cuda_unavailable() is not None, reason=f"GPU compiler: {aot.cuda_unavailable()}")
 @pytest.mark.parametrize("spec", ["ar", "loopspec:d1=1,d2=2"])
 def test_loop_compiles_for_an_h100_without_a_gpu(spec):

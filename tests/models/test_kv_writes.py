@@ -47,3 +47,15 @@ def test_cpu_lowering_keeps_the_scatter_and_no_layout_pin():
 
 class _Group1:
   group = 1
+
+
+def test_write_stack_stores_what_the_scatter_stores():
+  """Every leading entry (a drafter's layers) at once, a position past the end dropped: on a TPU as update
+  slices (`update_slices`), elsewhere as the one scatter."""
+  rng = np.random.default_rng(1)
+  buf = jnp.asarray(rng.normal(size=(2, 2, 3, T, 4)), jnp.float32)  # [L, B, KV, T, D]
+  x = jnp.asarray(rng.normal(size=(2, 2, 3, 3, 4)), jnp.float32)  # [L, B, S, KV, D]
+  pos = jnp.asarray(np.where(POS < 0, T, POS))  # [B, S], T: dropped
+  want = buf.at[jnp.arange(2)[:, None, None], jnp.arange(2)[None, :, None], :, pos[None]].set(x, mode="drop")
+  np.testing.assert_array_equal(kvcache.write_stack(buf, x, pos), want)
+  np.testing.assert_array_equal(kvcache.update_slices(buf, (0,), x, pos), want)
