@@ -23,8 +23,10 @@ def get_config(arg=None):
   c.meshes = "1x1"  # DATAxMODEL
   c.batches = "1"
   c.contexts = "2048"
+  c.overrides = ""  # integer ModelConfig fields set on every model, e.g. "n_core=2,recurrence=4" (own out_dir)
   c.out_dir = "results/tpu_aot/2026-12-06"  # rows.jsonl here (appended; rows already there are skipped)
   c.hlo_dir = ""  # keep each TPU HLO here (gzip, not committed: 10+ MB each); "": not kept
   c.reparse = False  # only recompute the parser's fields of rows.jsonl from the HLO kept in hlo_dir
+  c.merge = ""  # folders (newest first): only write out_dir/merged.md, each grid row from the newest that has it
   c.micro = False  # only compile the programs of known traffic (micro.jsonl: XLA's and the parser's counts)
   return c

@@ -56,9 +56,23 @@ def hlo_path(hlo_dir: str, key: tuple) -> str:
   return os.path.join(hlo_dir, "_".join(str(k) for k in key).replace(":", "-").replace(",", "-") + ".hlo.gz")
 
 
-def measure(spec: str, method: str, target: str, mesh: tuple, batch: int, context: int, dtype: str, hlo_dir=None):
-  """One row; with hlo_dir, the TPU HLO is kept there (gzip) for `reparse`."""
-  cfg = model_configs.model_config(spec).replace(dtype=dtype, max_len=context)
+def parse_overrides(text: str) -> dict:
+  """'n_core=2,recurrence=4' -> {'n_core': 2, 'recurrence': 4}: integer ModelConfig fields."""
+  out = {}
+  for item in common.split_list(text):
+    name, _, value = item.partition("=")
+    if not value.strip().lstrip("-").isdigit():
+      raise ValueError(f"--config.overrides: {item!r} is not <field>=<integer>")
+    out[name.strip()] = int(value)
+  return out
+
+
+def measure(
+    spec: str, method: str, target: str, mesh: tuple, batch: int, context: int, dtype: str, hlo_dir=None, overrides=None
+):
+  """One row; with hlo_dir, the TPU HLO is kept there (gzip) for `reparse`. `overrides`: ModelConfig fields
+  set on the model (a reduced depth that compiles in seconds at the real widths), recorded in the row."""
+  cfg = model_configs.model_config(spec, **(overrides or {})).replace(dtype=dtype, max_len=context)
   r = aot.compile_loop(cfg, method, target, mesh, batch=batch)
   row = {
       "model": spec,
@@ -78,6 +92,7 @@ def measure(spec: str, method: str, target: str, mesh: tuple, batch: int, contex
       "xla_optimal_seconds": r.xla_cost.get("optimal_seconds"),
       "parser_bytes": None,
       "parser_flops": None,
+      "overrides": overrides or {},
       "host": common.machine_description(),
       "jax": jax.__version__,
   }
@@ -96,7 +111,8 @@ def reparse(path: str, hlo_dir: str, dtype: str):
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
     mesh = tuple(int(x) for x in row["mesh"].split("x"))
-    cfg = model_configs.model_config(row["model"]).replace(dtype=dtype, max_len=row["context"])
+    cfg = model_configs.model_config(row["model"], **row.get("overrides", {}))
+    cfg = cfg.replace(dtype=dtype, max_len=row["context"])
     cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
@@ -234,12 +250,14 @@ def main(argv):
   if f.reparse:
     reparse(path, f.hlo_dir, f.dtype)
     return write_table(f.out_dir, path)
+  if f.merge:
+    return write_merged(f.out_dir, common.split_list(f.merge), grid(f))
   done = done_keys(path)
   for spec, method, target, mesh, batch, context in grid(f):
     key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
     if key in done:
       continue
-    row = measure(spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir)
+    row = measure(spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir, parse_overrides(f.overrides))
     with open(path, "a") as fh:
       fh.write(json.dumps(row) + "\n")
     print(
@@ -259,6 +277,41 @@ def write_table(out_dir: str, path: str):
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "table.md"), text + "\n")
   common.atomic_write_text(os.path.join(out_dir, "memory.md"), memory_markdown(rows) + "\n")
+
+
+def merged_rows(folders: list) -> list:
+  """Each grid key once, from the first of `folders` (newest first) whose rows.jsonl has it; each row with the
+  folder it came from (`from`)."""
+  seen, out = set(), []
+  for folder in folders:
+    for r in read_rows(os.path.join(folder, "rows.jsonl")):
+      key = tuple(r[k] for k in KEY)
+      if key not in seen:
+        seen.add(key)
+        out.append({**r, "from": os.path.basename(os.path.normpath(folder))})
+  return out
+
+
+def write_merged(out_dir: str, folders: list, asked: list):
+  """merged.md: the compiler's memory of every row of `folders` (each key from the newest folder that has it,
+  the folder named per row), and the rows of the configured grid that no folder has."""
+  rows = merged_rows(folders)
+  have = {tuple(r[k] for k in KEY) for r in rows}
+  missing = []
+  for spec, method, target, mesh, batch, context in asked:
+    key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
+    if key not in have:
+      missing.append(list(key))
+  table = memory_markdown(rows).splitlines()
+  table[0] += " from |"
+  table[1] += "---|"
+  table[2:] = [line + f" {r['from']} |" for line, r in zip(table[2:], rows)]
+  text = "\n".join(table) + "\n"
+  if missing:
+    text += "\nNot compiled (the configured grid less the rows above):\n\n"
+    text += md_table("model | method | target | mesh | batch | context", missing) + "\n"
+  print(text)
+  common.atomic_write_text(os.path.join(out_dir, "merged.md"), text)
 
 
 def run():

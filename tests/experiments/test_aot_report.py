@@ -1,0 +1,56 @@
+"""`loopspec-aot`'s report (experiments/aot.py) without compiling: the merged table across result folders (each
+grid row from the newest folder that has it, the rows asked for that none has) and the reduced-depth overrides."""
+
+import json
+
+import pytest
+
+from loopspec_experiments import aot as report
+
+
+def _row(model, method, hbm, **kw):
+  row = {
+      "model": model,
+      "method": method,
+      "target": "tpu:v5e:2x2",
+      "mesh": "1x1",
+      "batch": 1,
+      "context": 2048,
+      "compiled": True,
+      "argument_bytes": 1e9,
+      "temp_bytes": hbm - 1e9,
+      "hbm_bytes": hbm,
+      "fits": True,
+      "loop_copies": 0,
+  }
+  return {**row, **kw}
+
+
+def _folder(path, rows):
+  path.mkdir()
+  (path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def test_merged_rows_take_each_key_from_the_newest_folder(tmp_path):
+  old = _folder(tmp_path / "old", [_row("ouro:1p4b", "ar", 5e9), _row("ouro:1p4b", "tree", 9e9, loop_copies=26)])
+  new = _folder(tmp_path / "new", [_row("ouro:1p4b", "tree", 6e9)])
+  rows = report.merged_rows([new, old])
+  assert [(r["method"], r["hbm_bytes"], r["loop_copies"], r["from"]) for r in rows] == [
+      ("tree", 6e9, 0, "new"),
+      ("ar", 5e9, 0, "old"),
+  ]
+  asked = [("ouro:1p4b", m, "tpu:v5e", (1, 1), 1, 2048) for m in ("ar", "tree", "mtp")]
+  report.write_merged(str(tmp_path), [new, old], asked)
+  text = (tmp_path / "merged.md").read_text()
+  assert text.splitlines()[0].endswith("| from |")
+  assert "| tree | tpu:v5e:2x2 | 1x1 | 1 | 2048 | 1.00 | 5.00 | 6.00 |" in text and " new |" in text
+  not_compiled = text.split("Not compiled")[1]
+  assert "| ouro:1p4b | mtp | tpu:v5e:2x2 | 1x1 | 1 | 2048 |" in not_compiled and "| tree |" not in not_compiled
+
+
+def test_overrides_parse_integer_fields():
+  assert report.parse_overrides("n_core=2, recurrence=4") == {"n_core": 2, "recurrence": 4}
+  assert report.parse_overrides("") == {}
+  with pytest.raises(ValueError, match="not <field>=<integer>"):
+    report.parse_overrides("dtype=float32")
