@@ -268,7 +268,9 @@ def run_core_steps(
 
   steps = jnp.arange(first, last)
   s, (k, v) = jax.lax.scan(step, s, steps)
-  return s, write_core_steps(cache, layout, steps, k, v, pos)
+  # ordered after the steps' reads: a one-step scan is inlined, and its write would race its own read (a copy
+  # of each buffer per pass: Ouro-1.4B's R = 1 stand-in drafter, 3 per round)
+  return s, write_core_steps(cache, layout, steps, k, v, ordered(pos, s, cache.length))
 
 
 def write_coda(cache: KVCache, readout: int, k, v, pos) -> KVCache:
