@@ -294,7 +294,8 @@ def merged_rows(folders: list) -> list:
 
 def write_merged(out_dir: str, folders: list, asked: list):
   """merged.md: the compiler's memory of every row of `folders` (each key from the newest folder that has it,
-  the folder named per row), and the rows of the configured grid that no folder has."""
+  the folder named per row), and the rows of the configured grid that no folder has; merged.jsonl: those rows
+  (for `loopspec-plan-memory --config.aot_rows=`)."""
   rows = merged_rows(folders)
   have = {tuple(r[k] for k in KEY) for r in rows}
   missing = []
@@ -312,6 +313,7 @@ def write_merged(out_dir: str, folders: list, asked: list):
     text += md_table("model | method | target | mesh | batch | context", missing) + "\n"
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "merged.md"), text)
+  common.atomic_write_text(os.path.join(out_dir, "merged.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def run():

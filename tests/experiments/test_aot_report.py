@@ -42,6 +42,7 @@ def test_merged_rows_take_each_key_from_the_newest_folder(tmp_path):
   ]
   asked = [("ouro:1p4b", m, "tpu:v5e", (1, 1), 1, 2048) for m in ("ar", "tree", "mtp")]
   report.write_merged(str(tmp_path), [new, old], asked)
+  assert [json.loads(l)["from"] for l in (tmp_path / "merged.jsonl").read_text().splitlines()] == ["new", "old"]
   text = (tmp_path / "merged.md").read_text()
   assert text.splitlines()[0].endswith("| from |")
   assert "| tree | tpu:v5e:2x2 | 1x1 | 1 | 2048 | 1.00 | 5.00 | 6.00 |" in text and " new |" in text
