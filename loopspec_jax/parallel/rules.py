@@ -316,23 +316,22 @@ def per_shard(fn, x, axes):
   return jax.shard_map(fn, mesh=plan.mesh, in_specs=spec, out_specs=spec)(x)
 
 
-def per_shard_call(fn, args, axes, unsharded=()):
+def per_shard_call(fn, args, axes, *, unsharded=(), required=(), whole=None):
   """fn(*args) on each device's shards of args (each spec from its logical `axes` by the plan's rules) when a
-  sharded program is being traced, else on the arrays; fn's result has args[0]'s shape and spec. For a
-  computation that is local to a shard, such as a cache write (each device writes its own requests'
-  positions into its own heads): under the SPMD partitioner the same write is a partitioned scatter whose
-  result the TPU copies whole into the buffer's layout (a KV copy in AR's loop on a 2x4 mesh), or, as update
-  slices at static request indices, gathers the batch. `unsharded`: logical names the computation indexes
-  globally (a cache's positions); if the plan shards one of them, fn runs on the whole arrays instead. Per-
-  shard pins (`per_shard`) inside fn pin the local shard directly."""
+  sharded program is being traced, else `whole(*args)` (default fn) on the arrays; the result has args[0]'s
+  shape and spec. For a computation that is local to a shard, such as a cache write (each device writes its
+  own requests' positions into its own heads). `unsharded`: logical names the computation indexes globally (a
+  cache's positions): if the plan shards one of them, `whole` runs instead; `required`: names that must be
+  sharded for the per-shard form to be used. Per-shard pins (`per_shard`) inside fn pin the local shard."""
+  whole = whole or fn
   plan = _TRACING.get()
   if plan is None:
-    return fn(*args)
+    return whole(*args)
   specs = tuple(logical_spec(a, x.shape, plan.axis_sizes, plan.rules) for a, x in zip(axes, args))
-  if all(s is None for spec in specs for s in spec) or any(
-      spec[i] is not None for a, spec in zip(axes, specs) for i, name in enumerate(a) if name in unsharded
-  ):
-    return fn(*args)
+  split = lambda entry: entry is not None and math.prod(plan.axis_sizes[m] for m in mesh_axes(entry)) > 1
+  sharded = {name for a, spec in zip(axes, specs) for name, s in zip(a, spec) if name is not None and split(s)}
+  if not sharded or sharded & set(unsharded) or not set(required) <= sharded:
+    return whole(*args)
 
   def local(*xs):
     token = _TRACING.set(None)
