@@ -296,7 +296,7 @@ def write_merged(out_dir: str, folders: list, asked: list):
   """merged.md: the compiler's memory of every row of `folders` (each key from the newest folder that has it,
   the folder named per row), and the rows of the configured grid that no folder has; merged.jsonl: those rows
   (for `loopspec-plan-memory --config.aot_rows=`)."""
-  rows = merged_rows(folders)
+  rows = sorted(merged_rows(folders), key=lambda r: (r["model"], r["target"], r["mesh"], r["batch"], r["context"]))
   have = {tuple(r[k] for k in KEY) for r in rows}
   missing = []
   for spec, method, target, mesh, batch, context in asked:
