@@ -243,6 +243,12 @@ def write_core(cache: KVCache, layout: CacheLayout, step, k, v, pos) -> KVCache:
   return cache.replace(core=core)
 
 
+def write_positions(buf, k, pos):
+  """buf [B, KV, T, D] <- k [B, S, KV, D] at positions pos [B, S] (out of range: dropped), written as every
+  cache write is (`_put`): a drafter head's own cache."""
+  return _scatter(buf, None, k, pos)
+
+
 def write_stack(buf, k, pos):
   """buf [L, B, KV, T, D] <- k [L, B, S, KV, D] at positions pos [B, S] for every leading entry at once (a
   position out of range is dropped), written as every cache write is (`_put`: update slices on a TPU)."""

@@ -40,6 +40,7 @@ from loopspec_jax.decoding.tree import loop as tl
 from loopspec_jax.decoding.tree import verify as tv
 from loopspec_jax.decoding.tree.head_method import HeadMethod
 from loopspec_jax.heads import eagle as E
+from loopspec_jax.models import kvcache
 from loopspec_jax.models import looped as M
 from loopspec_jax.parallel import entry
 from loopspec_jax.parallel import heads as layout
@@ -94,11 +95,10 @@ def level0(hp, params, hs: HeadState, tokens, length, *, cfg, feature):
   own = ((i[None, :] <= i[:, None])[None] & valid[:, None, :]) | jnp.eye(g1, dtype=bool)[None]
   cached = jnp.broadcast_to(jnp.arange(t)[None, None, :] < hs.q0[:, None, None], (b, g1, t))
   feat = E.first_feature(hp, {"feature": feature}, hs.feat)
-  h, k, v = E.step(hp, params, toks, feat, jnp.maximum(pos, 0), own, [(hs.k, hs.v, cached)], cfg)
-  wpos = jnp.where(valid, pos, t)
-  bi = jnp.arange(b)[:, None]
-  hk = hs.k.at[bi, :, wpos].set(k.astype(hs.k.dtype), mode="drop")
-  hv = hs.v.at[bi, :, wpos].set(v.astype(hs.v.dtype), mode="drop")
+  ctx = [(kvcache.stored(hs.k), kvcache.stored(hs.v), cached)]  # read in the cache's layout
+  h, k, v = E.step(hp, params, toks, feat, jnp.maximum(pos, 0), own, ctx, cfg)
+  wpos = kvcache.ordered(jnp.where(valid, pos, t), h, t)  # after the read above
+  hk, hv = kvcache.write_positions(hs.k, k, wpos), kvcache.write_positions(hs.v, v, wpos)
   last = jnp.maximum(n_pend - 1, 0)
   h_last = jnp.take_along_axis(h, last[:, None, None], axis=1)  # [B, 1, E]
   return M.readout_logits(params, h_last, cfg), h_last, hk, hv
@@ -119,7 +119,7 @@ def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tre
     s = toks.shape[1]
     parent_h = jnp.take_along_axis(h_prev, (order // branch)[:, :, None], axis=1)
     pos = jnp.broadcast_to((p0 + lvl - 1)[:, None], (b, s))
-    ctx = [(hk, hv, jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s, t)))]
+    ctx = [(kvcache.stored(hk), kvcache.stored(hv), jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s, t)))]
     if past is not None:
       ctx.append((past[0], past[1], past_mask[:, :, 1:]))
     eye = jnp.broadcast_to(jnp.eye(s, dtype=bool), (b, s, s))
