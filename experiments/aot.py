@@ -280,12 +280,13 @@ def write_table(out_dir: str, path: str):
 
 
 def merged_rows(folders: list) -> list:
-  """Each grid key once, from the first of `folders` (newest first) whose rows.jsonl has it; each row with the
+  """Each grid key once, from the first of `folders` (newest first) whose rows.jsonl has it (within a folder its
+  last row: rows are appended, so a later one is a rerun, e.g. a folder's before / after); each row with the
   folder it came from (`from`)."""
   seen, out = set(), []
   for folder in folders:
-    for r in read_rows(os.path.join(folder, "rows.jsonl")):
-      key = tuple(r[k] for k in KEY)
+    latest = {tuple(r[k] for k in KEY): r for r in read_rows(os.path.join(folder, "rows.jsonl"))}
+    for key, r in latest.items():
       if key not in seen:
         seen.add(key)
         out.append({**r, "from": os.path.basename(os.path.normpath(folder))})

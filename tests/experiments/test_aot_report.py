@@ -33,7 +33,10 @@ def _folder(path, rows):
 
 
 def test_merged_rows_take_each_key_from_the_newest_folder(tmp_path):
-  old = _folder(tmp_path / "old", [_row("ouro:1p4b", "ar", 5e9), _row("ouro:1p4b", "tree", 9e9, loop_copies=26)])
+  old = _folder(
+      tmp_path / "old",
+      [_row("ouro:1p4b", "ar", 7e9), _row("ouro:1p4b", "tree", 9e9, loop_copies=26), _row("ouro:1p4b", "ar", 5e9)],
+  )  # a folder's later row of a key is its rerun
   new = _folder(tmp_path / "new", [_row("ouro:1p4b", "tree", 6e9)])
   rows = report.merged_rows([new, old])
   assert [(r["method"], r["hbm_bytes"], r["loop_copies"], r["from"]) for r in rows] == [
