@@ -104,7 +104,7 @@ def stored(x, like=None):
   inside the loop (Ouro-1.4B's chain and tree: 13 and 26 copies of a core buffer per round). Pinned, the loop
   keeps the argument's layout and the products read it in place. A no-op on other backends."""
   shape = x.shape if like is None else like.shape
-  return layers.kv_pinned(x, shape, axes=(None,) * (x.ndim - len(KV_AXES)) + KV_AXES[-x.ndim:])
+  return layers.kv_pinned(x, shape, axes=(None,) * (x.ndim - len(KV_AXES)) + KV_AXES[-x.ndim :])
 
 
 # ---------------------------------------------------------------------------------------------------

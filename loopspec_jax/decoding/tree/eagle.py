@@ -119,7 +119,8 @@ def draft_tree(params, hp, st: tv.TreeState, *, cfg, feature, gamma, branch, tre
     s = toks.shape[1]
     parent_h = jnp.take_along_axis(h_prev, (order // branch)[:, :, None], axis=1)
     pos = jnp.broadcast_to((p0 + lvl - 1)[:, None], (b, s))
-    ctx = [(kvcache.stored(hk), kvcache.stored(hv), jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s, t)))]
+    cached = jnp.broadcast_to(jnp.arange(t)[None, None, :] < p0[:, None, None], (b, s, t))
+    ctx = [(kvcache.stored(hk), kvcache.stored(hv), cached)]
     if past is not None:
       ctx.append((past[0], past[1], past_mask[:, :, 1:]))
     eye = jnp.broadcast_to(jnp.eye(s, dtype=bool), (b, s, s))
