@@ -249,12 +249,13 @@ def write_positions(buf, k, pos):
   return _scatter(buf, None, k, pos)
 
 
-def write_stack(buf, k, pos):
-  """buf [L, B, KV, T, D] <- k [L, B, S, KV, D] at positions pos [B, S] for every leading entry at once (a
-  position out of range is dropped), written as every cache write is (`_put`: update slices on a TPU)."""
-  lidx = jnp.arange(k.shape[0])[:, None, None]
-  index = lambda p: (lidx, jnp.arange(p.shape[0])[None, :, None], slice(None), p[None])
-  return _put(buf, (0,), k.astype(buf.dtype), pos, index)
+def write_stack(buf, k, pos, first=0):
+  """buf [M, B, KV, T, D] <- k [n, B, S, KV, D] at positions pos [B, S] into the leading entries first ..
+  first + n - 1 at once (a position out of range is dropped), written as every cache write is (`_put`: update
+  slices on a TPU). `first` may be traced."""
+  lead = first + jnp.arange(k.shape[0])[:, None, None]
+  index = lambda p: (lead, jnp.arange(p.shape[0])[None, :, None], slice(None), p[None])
+  return _put(buf, (first,), k.astype(buf.dtype), pos, index)
 
 
 def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> KVCache:
@@ -263,8 +264,7 @@ def write_core_steps(cache: KVCache, layout: CacheLayout, steps, k, v, pos) -> K
   that only READ the cache (a loop carrying the cache makes XLA copy every buffer at its boundary)."""
   if layout.group != 1:
     raise ValueError("write_core_steps needs a cache laid out with group=1")
-  index = lambda p: (steps[:, None, None], jnp.arange(p.shape[0])[None, :, None], slice(None), p[None])
-  put = lambda buf, x: _put(buf, (steps[0],), x.astype(buf.dtype), pos, index)
+  put = lambda buf, x: write_stack(buf, x, pos, steps[0])
   core = tuple((put(kb, k[:, l]), put(vb, v[:, l])) for l, (kb, vb) in enumerate(cache.core))
   return cache.replace(core=core)
 
