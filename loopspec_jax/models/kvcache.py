@@ -180,25 +180,26 @@ def _put(buf, start, x, pos, index, squeeze=False):
   are B x S ops in the program, so past `MAX_UPDATE_SLICES` of them (large batches: the statistical tests'
   3000 requests traced 3000 x S slices in the TPU branch) the write stays one scatter on every backend.
 
+  Several requests' one position each (AR and LoopSpec at batch 8) are update slices as well: the TPU
+  compiler lays a scatter of one column per request out as heads under positions, and copied the whole
+  buffer into and out of that layout every token where the buffer is not already so (Huginn-0125, D = 96:
+  32 copies per token at batch 8 on one v5e chip with two core layers and R = 2; 2 on a 1x16 mesh).
+
   On a mesh whose data axis splits the requests, each device writes its own shards (`rules.per_shard_call`:
-  its requests, its KV heads), several requests as update slices: written globally, the partitioned scatter's
-  result was copied whole into the buffer's layout every token (AR, batch 8 on a 2x4 v5e mesh: 2 copies in
-  Huginn-0125's loop). Where the requests are not split (a 1 x n mesh) the global write stays: per shard it
-  costs temporaries, and with one KV head per device (Raven-Llama on 1x8) update slices relay buffers out."""
+  its requests, its KV heads): written globally, the partitioned scatter's result was copied whole into the
+  buffer's layout every token (AR, batch 8 on a 2x4 v5e mesh: 2 copies in Huginn-0125's loop). Where the
+  requests are not split (a 1 x n mesh) the write is global: per shard it costs temporaries, and with one KV
+  head per device (Raven-Llama on 1x8) the per-shard write relaid buffers out."""
   lead = (None,) * (x.ndim - 4)
   axes = ((None,) * (buf.ndim - 4) + KV_AXES, lead + ("batch", None, "kv_heads", "head_dim"), ("batch", None))
-  part = lambda per_request: functools.partial(_put_local, start, index, squeeze, per_request)
-  return rules.per_shard_call(
-      part(True), (buf, x, pos), axes, unsharded=("length",), required=("batch",), whole=part(False)
-  )
+  write = functools.partial(_put_local, start, index, squeeze)
+  return rules.per_shard_call(write, (buf, x, pos), axes, unsharded=("length",), required=("batch",))
 
 
-def _put_local(start, index, squeeze, per_request, buf, x, pos):
-  """`_put` on one device's shards (or the whole arrays): `index(pos)` from the positions given; a write of one
-  position of several requests is update slices on a TPU only `per_request` (on a shard of the requests)."""
+def _put_local(start, index, squeeze, buf, x, pos):
+  """`_put` on one device's shards (or the whole arrays): `index(pos)` from the positions given."""
   whole = lambda b: stored(b.at[index(pos)].set(x[0] if squeeze else x, mode="drop"))
-  columns = pos.size if per_request else pos.shape[-1]
-  if columns * x[..., 0, 0, 0, 0].size == 1 or pos.size > MAX_UPDATE_SLICES:
+  if pos.size * x[..., 0, 0, 0, 0].size == 1 or pos.size > MAX_UPDATE_SLICES:
     return whole(buf)
   return jax.lax.platform_dependent(buf, tpu=lambda b: update_slices(b, start, x, pos), default=whole)
 

@@ -130,6 +130,19 @@ def test_sharded_write_of_a_batch_stays_per_shard(width):
 
 
 @needs_tpu
+def test_one_chip_write_of_a_batch_keeps_a_huginn_shaped_cache_in_place():
+  """AR at batch 8 on one chip writes each request's token as an update slice (`kvcache._put`): a scatter of
+  one column per request into a head-dim-96 cache (positions on the lanes) was laid out as heads under
+  positions, so the whole buffer was copied into and out of that layout every token (7 copies here before;
+  Huginn-0125 with two core layers and R = 2: 32; on a 1x16 mesh: 2)."""
+  cfg = model_config("huginn:tiny", hidden_size=2688, num_heads=28, num_kv_heads=28, head_dim=96)
+  cfg = cfg.replace(intermediate_size=1024, n_core=1, recurrence=1, max_len=2048, dtype="bfloat16")
+  r = aot.compile_loop(cfg, "ar", TARGET, batch=8)
+  assert r.compiled, r.error
+  assert r.loop_copies == 0
+
+
+@needs_tpu
 def test_chain_keeps_an_ouro_shaped_cache_in_place():
   """Ouro's head dim of 128 (16 KV heads, 2048 positions: heads under positions, `layers.kv_order`): chain's
   loop reads and writes its core buffers in their argument layout. Before the reads and write windows were
