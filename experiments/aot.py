@@ -20,6 +20,7 @@ import functools
 import gzip
 import json
 import os
+import types
 
 from absl import flags
 import jax
@@ -129,8 +130,21 @@ def reparse(path: str, hlo_dir: str, dtype: str):
   common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+GRID_FIELDS = ("models", "methods", "other_methods", "targets", "meshes", "batches", "contexts")
+
+
 def grid(f) -> list:
-  """(model, method spec, target, mesh, batch, context) of every row asked for."""
+  """(model, method spec, target, mesh, batch, context) of every row asked for: the product of f's lists, or
+  with `f.grids` the union (in order, each row once) of the products of f with each grid's fields replaced."""
+  if f.grids:
+    out = []
+    for g in f.grids:
+      unknown = set(g) - set(GRID_FIELDS)
+      if unknown:
+        raise ValueError(f"--config.grids: unknown fields {sorted(unknown)} (known: {', '.join(GRID_FIELDS)})")
+      one = {k: g.get(k, f[k]) for k in GRID_FIELDS}
+      out += [row for row in grid(types.SimpleNamespace(grids=(), **one)) if row not in out]
+    return out
   out = []
   for i, spec in enumerate(common.split_list(f.models)):
     d = depths(model_configs.model_config(spec))
