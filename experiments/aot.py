@@ -68,12 +68,17 @@ def parse_overrides(text: str) -> dict:
   return out
 
 
+def row_config(spec: str, dtype: str, context: int, overrides=None):
+  """The ModelConfig a row compiles: the model with `overrides` (ModelConfig fields), dtype and context."""
+  return model_configs.model_config(spec, **(overrides or {})).replace(dtype=dtype, max_len=context)
+
+
 def measure(
     spec: str, method: str, target: str, mesh: tuple, batch: int, context: int, dtype: str, hlo_dir=None, overrides=None
 ):
   """One row; with hlo_dir, the TPU HLO is kept there (gzip) for `reparse`. `overrides`: ModelConfig fields
   set on the model (a reduced depth that compiles in seconds at the real widths), recorded in the row."""
-  cfg = model_configs.model_config(spec, **(overrides or {})).replace(dtype=dtype, max_len=context)
+  cfg = row_config(spec, dtype, context, overrides)
   r = aot.compile_loop(cfg, method, target, mesh, batch=batch)
   row = {
       "model": spec,
@@ -112,8 +117,7 @@ def reparse(path: str, hlo_dir: str, dtype: str):
   for row in rows:
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
     mesh = tuple(int(x) for x in row["mesh"].split("x"))
-    cfg = model_configs.model_config(row["model"], **row.get("overrides", {}))
-    cfg = cfg.replace(dtype=dtype, max_len=row["context"])
+    cfg = row_config(row["model"], dtype, row["context"], row.get("overrides"))
     cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
@@ -191,20 +195,22 @@ def markdown(rows: list) -> str:
   return md_table(header, lines)
 
 
-def memory_markdown(rows: list) -> str:
+def memory_markdown(rows: list, extra: str = "") -> str:
   """The compiler's memory per device, one line per row (GB = 1e9 bytes): arguments, temporaries, HBM (their
-  sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops. A refused
-  row's HBM is the figure the compiler names; its temporaries that figure less the logical arguments."""
+  sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops, and the
+  row's field `extra` as a last column where given. A refused row's HBM is the figure the compiler names; its
+  temporaries that figure less the logical arguments."""
   lines = []
   for r in rows:
     fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
     hbm = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
     copies = "-" if r["loop_copies"] is None else r["loop_copies"]
     chip = aot.parse_target(r["target"]).hbm_bytes
-    lines.append(row_key_cells(r) + [gb(r["argument_bytes"]), gb(r["temp_bytes"]), hbm, gb(chip), fits, copies])
+    cells = row_key_cells(r) + [gb(r["argument_bytes"]), gb(r["temp_bytes"]), hbm, gb(chip), fits, copies]
+    lines.append(cells + ([r[extra]] if extra else []))
   header = (
       "model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits"
-      " | KV copies in loops"
+      " | KV copies in loops" + (f" | {extra}" if extra else "")
   )
   return md_table(header, lines)
 
@@ -318,11 +324,7 @@ def write_merged(out_dir: str, folders: list, asked: list):
     key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
     if key not in have:
       missing.append(list(key))
-  table = memory_markdown(rows).splitlines()
-  table[0] += " from |"
-  table[1] += "---|"
-  table[2:] = [line + f" {r['from']} |" for line, r in zip(table[2:], rows)]
-  text = "\n".join(table) + "\n"
+  text = memory_markdown(rows, extra="from") + "\n"
   if missing:
     text += "\nNot compiled (the configured grid less the rows above):\n\n"
     text += md_table("model | method | target | mesh | batch | context", missing) + "\n"

@@ -20,7 +20,7 @@ from loopspec_configs.models import model_config
 
 needs_tpu = pytest.mark.skipif(aot.tpu_unavailable() is not None, reason=f"TPU compiler: {aot.tpu_unavailable()}")
 MODELS = ("huginn:0125", "ouro:1p4b", "ouro:2p6b", "raven_llama:3p2_1b")
-MESHES = ((1, 1), (1, 8), (2, 4))
+MESHES = ((1, 1), (1, 8), (2, 4), (1, 16), (2, 8))
 
 
 def device_order(device, shape, dtype) -> tuple:
@@ -56,7 +56,8 @@ def test_pins_ask_for_the_argument_layout(spec):
   for context in (2048, 8192):
     cfg = model_config(spec, dtype="bfloat16", max_len=context)
     for mesh in MESHES:
-      mcfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target("tpu:v5e:2x4"), mesh))
+      topology = "tpu:v5e:2x4" if mesh[0] * mesh[1] <= 8 else "tpu:v5e:4x4"
+      mcfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(topology), mesh))
       for batch in (1, 8):
         for extra in (0, 5, 9):  # the cache length: the context plus a method's draft positions
           for shape in buffer_shapes(mcfg, batch, context + extra):
