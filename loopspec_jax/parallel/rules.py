@@ -316,22 +316,22 @@ def per_shard(fn, x, axes):
   return jax.shard_map(fn, mesh=plan.mesh, in_specs=spec, out_specs=spec)(x)
 
 
-def per_shard_call(fn, args, axes, *, unsharded=(), required=(), whole=None):
+def per_shard_call(fn, args, axes, *, unsharded=(), required=()):
   """fn(*args) on each device's shards of args (each spec from its logical `axes` by the plan's rules) when a
-  sharded program is being traced, else `whole(*args)` (default fn) on the arrays; the result has args[0]'s
-  shape and spec. For a computation that is local to a shard, such as a cache write (each device writes its
-  own requests' positions into its own heads). `unsharded`: logical names the computation indexes globally (a
-  cache's positions): if the plan shards one of them, `whole` runs instead; `required`: names that must be
-  sharded for the per-shard form to be used. Per-shard pins (`per_shard`) inside fn pin the local shard."""
-  whole = whole or fn
+  sharded program is being traced, else on the arrays; the result has args[0]'s shape and spec. For a
+  computation that is local to a shard, such as a cache write (each device writes its own requests' positions
+  into its own heads). `unsharded`: logical names the computation indexes globally (a cache's positions): if
+  the plan shards one of them, fn runs on the whole arrays instead; `required`: names that must be sharded (over
+  more than one device) for the per-shard form to be used. Per-shard pins (`per_shard`) inside fn pin the local
+  shard."""
   plan = _TRACING.get()
   if plan is None:
-    return whole(*args)
+    return fn(*args)
   specs = tuple(logical_spec(a, x.shape, plan.axis_sizes, plan.rules) for a, x in zip(axes, args))
   split = lambda entry: entry is not None and math.prod(plan.axis_sizes[m] for m in mesh_axes(entry)) > 1
   sharded = {name for a, spec in zip(axes, specs) for name, s in zip(a, spec) if name is not None and split(s)}
   if not sharded or sharded & set(unsharded) or not set(required) <= sharded:
-    return whole(*args)
+    return fn(*args)
 
   def local(*xs):
     token = _TRACING.set(None)
