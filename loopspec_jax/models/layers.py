@@ -56,25 +56,37 @@ def compact(x, *, weight: bool = False, axes=None):
 def kv_order(shape, itemsize: int):
   """Major-to-minor order of a KV array [..., KV, T, D] (a buffer, one slot, or a window of one) in the layout
   the TPU gives such a buffer as a program argument (its default device layout, `get_default_layout`), or
-  None where this rule does not know it (one KV head: the TPU then tiles a leading axis). Leading axes keep
-  their order; of the last three:
+  None where this rule does not know it.
 
-  - D a multiple of the 128 lanes (Ouro): heads on the sublanes under positions ([.., T, KV, D]) when the
-    positions would pad their sublane tiles (T not a multiple of 8 32-bit rows), else row-major;
+  - D a multiple of the 128 lanes (Ouro): D stays minor and on the sublanes goes the axis whose rows pad
+    least (`_row_waste`), the most minor one on a tie. So positions (T) where T fills whole sublane tiles
+    (row-major); else heads (Ouro's 16, or a batch of 8) under positions; else, for a short cache, whichever
+    pads least. The other axes keep their order.
   - otherwise `compact`'s choice: positions on the lanes ([.., KV, D, T]) when they pad less than D does
-    (Huginn's 96, Raven-Llama's 64), else row-major.
+    (Huginn's 96, Raven-Llama's 64), else row-major; None for one KV head (the TPU then tiles a leading axis).
 
   tests/models/test_kvcache_layout.py holds this rule to the TPU client's own default layout for every
-  registered model's buffers (batch 1 and 8, contexts 2048 and 8192, per shard on the planned meshes)."""
+  registered model's buffers (batch 1 and 8, contexts 2048 and 8192, per shard on the planned meshes) and,
+  for D = 128 / 256, for 17,160 shapes of other head counts, leading axes, lengths and dtypes."""
   n, (kv, t, d) = len(shape), shape[-3:]
-  lead, sub = tuple(range(n - 3)), 8 * max(1, 4 // itemsize)
+  if d % 128 == 0:
+    i = min(range(n - 2, -1, -1), key=lambda i: _row_waste(shape[i], itemsize))
+    return tuple(j for j in range(n - 1) if j != i) + (i, n - 1)
   if kv == 1:
     return None
-  if d % 128 == 0:
-    tail = (1, 0, 2) if t % sub else (0, 1, 2)
-  else:
-    tail = (0, 2, 1) if _padded(d, t, itemsize) < _padded(t, d, itemsize) else (0, 1, 2)
-  return lead + tuple(n - 3 + i for i in tail)
+  tail = (0, 2, 1) if _padded(d, t, itemsize) < _padded(t, d, itemsize) else (0, 1, 2)
+  return tuple(range(n - 3)) + tuple(n - 3 + i for i in tail)
+
+
+def _row_waste(size: int, itemsize: int) -> float:
+  """Padded / actual rows of an axis of `size` on a TPU's sublanes: a multiple of 8 rows fills its tiles, as
+  does a small power of two down to the dtype's packing (2 of bf16, 4 of int8, 1 of f32), which gets a tile of
+  its own height; other sizes pad to the next of those heights or to a multiple of 8."""
+  pack = max(1, 4 // itemsize)
+  if size % 8 == 0 or (8 % size == 0 and size >= pack):
+    return 1.0
+  tile = next((p for p in (1, 2, 4, 8) if p >= pack and p >= size), 8)
+  return -(-size // tile) * tile / size
 
 
 def kv_pinned(x, like_shape, axes=None):

@@ -78,4 +78,23 @@ def test_kv_order_rule():
   assert layers.kv_order((32, 1, 55, 2053, 96), 2) == (0, 1, 2, 4, 3)
   assert layers.kv_order((4, 1, 16, 2053, 128), 2) == (0, 1, 3, 2, 4)
   assert layers.kv_order((4, 1, 16, 2048, 128), 2) == (0, 1, 2, 3, 4)
-  assert layers.kv_order((4, 1, 1, 2053, 128), 2) is None
+  assert layers.kv_order((4, 1, 1, 2053, 128), 2) == (1, 2, 3, 0, 4)  # the 4 groups under positions
+  assert layers.kv_order((1, 7, 33, 128), 2) == (0, 2, 1, 3)  # 7 heads pad less than 33 positions
+  assert layers.kv_order((8, 1, 2053, 96), 2) is None
+
+
+@needs_tpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
+def test_kv_order_of_a_head_dim_of_128_lanes_is_the_tpus_for_any_shape(dtype):
+  """Beyond the registered models: other head counts (1-20, odd ones too), leading axes (groups, batches,
+  sizes of 1), lengths that fill sublane tiles or pad them (short caches too) and dtypes."""
+  device = aot.target_devices(aot.parse_target("tpu:v5e"))[0]
+  wrong, itemsize = [], np.dtype(dtype).itemsize
+  for lead in [(), (1,), (2,), (3,), (8,), (6,), (32, 1), (4, 8), (4, 3), (12, 2)]:
+    for kv in range(1, 21):
+      for t in (9, 16, 33, 40, 2048, 2053, 8197):
+        for d in (128, 256):
+          shape = lead + (kv, t, d)
+          if layers.kv_order(shape, itemsize) != device_order(device, shape, dtype):
+            wrong.append(shape)
+  assert not wrong, wrong[:5]
