@@ -313,10 +313,22 @@ def merged_rows(folders: list) -> list:
   return out
 
 
+def missing_markdown(missing: list) -> str:
+  """The rows asked that no folder has, one line per (target, mesh, batch, context): each model's methods."""
+  groups = {}
+  for model, method, *where in missing:
+    groups.setdefault(tuple(where), {}).setdefault(model, []).append(method)
+  lines = [
+      [*where, "; ".join(f"{m}: {', '.join(methods)}" for m, methods in by_model.items())]
+      for where, by_model in groups.items()
+  ]
+  return md_table("target | mesh | batch | context | not compiled (model: methods)", lines)
+
+
 def write_merged(out_dir: str, folders: list, asked: list):
   """merged.md: the compiler's memory of every row of `folders` (each key from the newest folder that has it,
-  the folder named per row), and the rows of the configured grid that no folder has; merged.jsonl: those rows
-  (for `loopspec-plan-memory --config.aot_rows=`)."""
+  the folder named per row), and the rows of the configured grid that no folder has, grouped (one per line in
+  not_compiled.md); merged.jsonl: the rows (for `loopspec-plan-memory --config.aot_rows=`)."""
   rows = sorted(merged_rows(folders), key=lambda r: (r["model"], r["target"], r["mesh"], r["batch"], r["context"]))
   have = {tuple(r[k] for k in KEY) for r in rows}
   missing = []
@@ -326,10 +338,12 @@ def write_merged(out_dir: str, folders: list, asked: list):
       missing.append(list(key))
   text = memory_markdown(rows, extra="from") + "\n"
   if missing:
-    text += "\nNot compiled (the configured grid less the rows above):\n\n"
-    text += md_table("model | method | target | mesh | batch | context", missing) + "\n"
+    text += f"\nNot compiled: {len(missing)} of the {len(asked)} rows asked (each in not_compiled.md):\n\n"
+    text += missing_markdown(missing) + "\n"
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "merged.md"), text)
+  listing = md_table("model | method | target | mesh | batch | context", missing) + "\n" if missing else ""
+  common.atomic_write_text(os.path.join(out_dir, "not_compiled.md"), listing)
   common.atomic_write_text(os.path.join(out_dir, "merged.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 
 

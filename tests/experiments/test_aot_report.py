@@ -50,7 +50,10 @@ def test_merged_rows_take_each_key_from_the_newest_folder(tmp_path):
   assert text.splitlines()[0].endswith("| from |")
   assert "| tree | tpu:v5e:2x2 | 1x1 | 1 | 2048 | 1.00 | 5.00 | 6.00 |" in text and " new |" in text
   not_compiled = text.split("Not compiled")[1]
-  assert "| ouro:1p4b | mtp | tpu:v5e:2x2 | 1x1 | 1 | 2048 |" in not_compiled and "| tree |" not in not_compiled
+  assert not_compiled.startswith(": 1 of the 3 rows asked")
+  assert "| tpu:v5e:2x2 | 1x1 | 1 | 2048 | ouro:1p4b: mtp |" in not_compiled and "tree" not in not_compiled
+  listing = (tmp_path / "not_compiled.md").read_text()
+  assert "| ouro:1p4b | mtp | tpu:v5e:2x2 | 1x1 | 1 | 2048 |" in listing and "| tree |" not in listing
 
 
 def test_overrides_parse_integer_fields():
