@@ -17,6 +17,7 @@ Settings: configs/aot.py.
 from __future__ import annotations
 
 import functools
+import gc
 import gzip
 import json
 import os
@@ -278,6 +279,8 @@ def main(argv):
     if key in done:
       continue
     row = measure(spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir, parse_overrides(f.overrides))
+    jax.clear_caches()  # each row's traced and compiled programs (GBs at the real sizes) are not needed again
+    gc.collect()
     with open(path, "a") as fh:
       fh.write(json.dumps(row) + "\n")
     print(
