@@ -55,27 +55,22 @@ def compact(x, *, weight: bool = False, axes=None):
 
 def kv_order(shape, itemsize: int):
   """Major-to-minor order of a KV array [..., KV, T, D] (a buffer, one slot, or a window of one) in the layout
-  the TPU gives such a buffer as a program argument (its default device layout, `get_default_layout`), or
-  None where this rule does not know it.
+  the TPU gives such a buffer as a program argument (its default device layout, `get_default_layout`).
 
-  - D a multiple of the 128 lanes (Ouro): D stays minor and on the sublanes goes the axis whose rows pad
-    least (`_row_waste`), the most minor one on a tie. So positions (T) where T fills whole sublane tiles
-    (row-major); else heads (Ouro's 16, or a batch of 8) under positions; else, for a short cache, whichever
-    pads least. The other axes keep their order.
-  - otherwise `compact`'s choice: positions on the lanes ([.., KV, D, T]) when they pad less than D does
-    (Huginn's 96, Raven-Llama's 64), else row-major; None for one KV head (the TPU then tiles a leading axis).
+  - Lanes: positions (T) where they pad the 128 lanes less than D does (`compact`'s choice: Huginn's D = 96
+    and Raven-Llama's 64 at long contexts), D then on the sublanes under them: [.., KV, D, T].
+  - Otherwise D stays on the lanes, and on the sublanes goes the axis whose rows pad least (`_row_waste`), the
+    most minor on a tie: T where it fills whole sublane tiles (row-major); else heads (Ouro's 16), a batch of
+    8 or a group; for a short cache, whichever pads least. The other axes keep their order.
 
   tests/models/test_kvcache_layout.py holds this rule to the TPU client's own default layout for every
-  registered model's buffers (batch 1 and 8, contexts 2048 and 8192, per shard on the planned meshes) and,
-  for D = 128 / 256, for 17,160 shapes of other head counts, leading axes, lengths and dtypes."""
-  n, (kv, t, d) = len(shape), shape[-3:]
-  if d % 128 == 0:
-    i = min(range(n - 2, -1, -1), key=lambda i: _row_waste(shape[i], itemsize))
-    return tuple(j for j in range(n - 1) if j != i) + (i, n - 1)
-  if kv == 1:
-    return None
-  tail = (0, 2, 1) if _padded(d, t, itemsize) < _padded(t, d, itemsize) else (0, 1, 2)
-  return tuple(range(n - 3)) + tuple(n - 3 + i for i in tail)
+  registered model's buffers (batch 1 and 8, contexts 2048 and 8192, per shard on the planned meshes) and for
+  18,816 other shapes (1-16 heads, leading axes, lengths 9-8197, head dims 32-256, bf16 / f32 / int8)."""
+  n, (t, d) = len(shape), shape[-2:]
+  if _padded(d, t, itemsize) < _padded(t, d, itemsize):
+    return tuple(range(n - 3)) + (n - 3, n - 1, n - 2)
+  i = min(range(n - 2, -1, -1), key=lambda i: _row_waste(shape[i], itemsize))
+  return tuple(j for j in range(n - 1) if j != i) + (i, n - 1)
 
 
 def _row_waste(size: int, itemsize: int) -> float:
@@ -92,12 +87,11 @@ def _row_waste(size: int, itemsize: int) -> float:
 def kv_pinned(x, like_shape, axes=None):
   """x [..., KV, T, D] pinned, on a TPU, to `kv_order` of the buffer it belongs to (shape `like_shape`, whose
   trailing axes match x's): a read or a written window of a buffer in the buffer's own layout, so neither
-  makes the compiler relay the buffer out. A no-op where `kv_order` is None and on other backends."""
-  order = kv_order(like_shape, x.dtype.itemsize)
-  if order is None or x.ndim < 3:
+  makes the compiler relay the buffer out: x's axes in the buffer's order. A no-op on other backends."""
+  if x.ndim < 3:
     return x
-  drop = len(order) - x.ndim
-  order = tuple(i - drop for i in order[drop:])
+  drop = len(like_shape) - x.ndim
+  order = tuple(i - drop for i in kv_order(like_shape, x.dtype.itemsize) if i >= drop)
   return _pinned(x, order, axes)
 
 
