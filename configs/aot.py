@@ -40,6 +40,7 @@ def get_config(arg=None):
   # several grids in one run: each a dict of the fields above that differ (the rest as set here); their union
   c.grids = FULL_GRIDS if arg == "full" else ()
   c.out_dir = "results/tpu_aot/2026-12-06"  # rows.jsonl here (appended; rows already there are skipped)
+  c.isolate = True  # compile each row in a fresh process (no memory carried over; a killed compile loses one row)
   c.hlo_dir = ""  # keep each TPU HLO here (gzip, not committed: 10+ MB each); "": not kept
   c.reparse = False  # only recompute the parser's fields of rows.jsonl from the HLO kept in hlo_dir
   c.merge = ""  # folders (newest first): only write out_dir/merged.md, each grid row from the newest that has it

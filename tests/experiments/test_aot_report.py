@@ -2,6 +2,8 @@
 grid row from the newest folder that has it, the rows asked for that none has) and the reduced-depth overrides."""
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -92,3 +94,21 @@ def test_unknown_grid_field_is_refused():
   c.grids = (dict(method="ar"),)
   with pytest.raises(ValueError, match="unknown fields \\['method'\\]"):
     report.grid(c)
+
+
+def _killed(*args):
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _echo(*args):
+  return {"args": list(args)}
+
+
+def test_a_row_compiled_apart_returns_its_row_or_dies_alone():
+  """`isolate`: each row in a fresh process; one the kernel kills becomes a row not compiled, with the reason."""
+  key = ("ouro:2p6b", "eagle", "tpu:v5e:2x2", "1x1", 1, 2048)
+  assert report.measure_apart(key, (1, "a"), _echo) == {"args": [1, "a"]}
+  row = report.measure_apart(key, (), _killed)
+  assert tuple(row[k] for k in report.KEY) == key and row["compiled"] is False and row["fits"] is None
+  assert "process died" in row["error"] and set(report.ROW_FIELDS) <= set(row)
+  assert "| ouro:2p6b | eagle |" in report.memory_markdown([row])
