@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import gzip
+import itertools
 import json
 import multiprocessing
 import os
@@ -130,15 +131,15 @@ ROW_FIELDS = (
 )
 
 
-def measure_apart(key: tuple, args: tuple, fn=None) -> dict:
-  """`fn(*args)` (default `measure`) in a fresh process, so that no row's compile leaves memory behind in the next (a process
-  that compiled 8 real-size rows in turn held 14.1 GB, `jax.clear_caches` between rows or not) and a compile
-  the kernel kills costs its own row only: that row is recorded as not compiled, with the reason."""
+def measure_apart(key: tuple, args: tuple, fn=measure) -> dict:
+  """`fn(*args)` in a fresh process, so that no row's compile leaves memory behind in the next (a process that
+  compiled 8 real-size rows in turn held 14.1 GB, `jax.clear_caches` between rows or not) and a compile the
+  kernel kills costs its own row only: that row is recorded as not compiled, with the reason."""
   context = multiprocessing.get_context("spawn")
   start = time.perf_counter()
   with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
     try:
-      return pool.submit(fn or measure, *args).result()
+      return pool.submit(fn, *args).result()
     except concurrent.futures.process.BrokenProcessPool as e:
       error = f"the compiling process died ({e}): killed, e.g. out of host memory"
   row = dict(zip(KEY, key), compiled=False, error=error, compile_seconds=time.perf_counter() - start)
@@ -167,6 +168,11 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     row.update(parser_bytes=step.total_bytes, parser_flops=step.flops, parser_bytes_by_category=dict(step.bytes))
     row["loop_copies"] = aot.loop_copies(hlo, aot.slot_elements(cost.kv_leaf_dims(loop.state), mesh), loop.total_len)
   common.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def grid_key(spec: str, method: str, target: str, mesh: tuple, batch: int, context: int) -> tuple:
+  """A row of `grid` as its rows.jsonl key (`KEY`): the target's full name, the mesh as DATAxMODEL."""
+  return (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
 
 
 GRID_FIELDS = ("models", "methods", "other_methods", "targets", "meshes", "batches", "contexts")
@@ -309,7 +315,7 @@ def main(argv):
     return write_merged(f.out_dir, common.split_list(f.merge), grid(f))
   done = done_keys(path)
   for spec, method, target, mesh, batch, context in grid(f):
-    key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
+    key = grid_key(spec, method, target, mesh, batch, context)
     if key in done:
       continue
     args = (spec, method, target, mesh, batch, context, f.dtype, f.hlo_dir, parse_overrides(f.overrides))
@@ -367,11 +373,7 @@ def write_merged(out_dir: str, folders: list, asked: list):
   not_compiled.md); merged.jsonl: the rows (for `loopspec-plan-memory --config.aot_rows=`)."""
   rows = sorted(merged_rows(folders), key=lambda r: (r["model"], r["target"], r["mesh"], r["batch"], r["context"]))
   have = {tuple(r[k] for k in KEY) for r in rows}
-  missing = []
-  for spec, method, target, mesh, batch, context in asked:
-    key = (spec, method, aot.parse_target(target).name, "x".join(map(str, mesh)), batch, context)
-    if key not in have:
-      missing.append(list(key))
+  missing = [list(key) for key in itertools.starmap(grid_key, asked) if key not in have]
   text = memory_markdown(rows, extra="from") + "\n"
   if missing:
     text += f"\nNot compiled: {len(missing)} of the {len(asked)} rows asked (each in not_compiled.md):\n\n"

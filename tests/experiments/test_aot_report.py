@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from loopspec_configs import aot as aot_config
 from loopspec_experiments import aot as report
 
 
@@ -65,32 +66,23 @@ def test_overrides_parse_integer_fields():
     report.parse_overrides("dtype=float32")
 
 
-def _config(arg=None):
-  import importlib.util
-
-  from loopspec_experiments import common
-
-  spec = importlib.util.spec_from_file_location("aot_config", common.config_path("aot.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def test_full_preset_is_the_union_of_its_grids_each_row_once():
   """`--config=configs/aot.py:full`: every method of every model on one v5e chip, AR and LoopSpec on each
   generation (b1 / b8, 2048 / 8192) and at batch 8 on the v5e-8 and v5e-16 meshes; rows the grids share once."""
-  rows = report.grid(_config("full"))
+  rows = report.grid(aot_config.get_config("full"))
   assert len(rows) == len(set(rows))
   one_chip = [r for r in rows if r[2:] == ("tpu:v5e", (1, 1), 1, 2048)]
   assert len(one_chip) == 4 * 12  # 4 models x every registered method
   assert ("huginn:0125", "ar", "tpu:v6e", (1, 1), 8, 8192) in rows
   assert ("ouro:2p6b", "loopspec:d1=1,d2=2", "tpu:v5e:4x4", (2, 8), 8, 2048) in rows
   assert not [r for r in rows if r[3] != (1, 1) and (r[4] != 8 or r[1] not in ("ar",) and "d2" not in r[1])]
-  assert len(report.grid(_config())) == 12 + 3 * 2  # the default: every method at the first model, AR / LoopSpec
+  assert (
+      len(report.grid(aot_config.get_config())) == 12 + 3 * 2
+  )  # the default: every method at the first model, AR / LoopSpec
 
 
 def test_unknown_grid_field_is_refused():
-  c = _config()
+  c = aot_config.get_config()
   c.grids = (dict(method="ar"),)
   with pytest.raises(ValueError, match="unknown fields \\['method'\\]"):
     report.grid(c)
