@@ -295,12 +295,39 @@ def stand_in_arguments(cfg: ModelConfig, spec: str) -> dict:
   return {}
 
 
-def lower_loop(loop: cost.AbstractLoop, target: Target, mesh_shape: Tuple[int, int] = (1, 1)):
-  """The decode loop lowered for the target through its sharded entry point (`sharding.program`), from
-  abstract values; compiles nothing."""
+def loop_program(loop: cost.AbstractLoop, target: Target, mesh_shape: Tuple[int, int] = (1, 1)):
+  """The decode loop's sharded program for the target (`sharding.program`) over abstract values placed on the
+  topology's devices; lowers and compiles nothing."""
   dec = loop.decoder
   mesh = target_mesh(target, mesh_shape)
-  return sharding.program(dec.loop, mesh, loop.params, loop.state, loop.sp, **dec.loop_kw).lower()
+  return sharding.program(dec.loop, mesh, loop.params, loop.state, loop.sp, **dec.loop_kw)
+
+
+def lower_loop(loop: cost.AbstractLoop, target: Target, mesh_shape: Tuple[int, int] = (1, 1)):
+  """The decode loop lowered for the target through its sharded entry point, from abstract values; compiles
+  nothing."""
+  return loop_program(loop, target, mesh_shape).lower()
+
+
+def argument_floor(arrays) -> float:
+  """Bytes per device of a program's array arguments (abstract values with their shardings) by their logical
+  shard shapes: a floor on the compiler's `argument_bytes`, which only adds the TPU layouts' padding (the
+  largest device's share where a dimension does not divide)."""
+  leaves = [x for x in jax.tree_util.tree_leaves(arrays) if hasattr(x, "dtype") and hasattr(x, "shape")]
+  share = lambda x: x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+  return float(sum(math.prod(share(x)) * x.dtype.itemsize for x in leaves))
+
+
+def over_hbm(floor: float, target: Target) -> Optional[str]:
+  """Why a program whose arguments alone take `floor` bytes per device cannot fit the target's chip (None
+  when it may): said before compiling, since the compiler would refuse it after a whole compile."""
+  hbm = target.hbm_bytes
+  if hbm is None or floor <= hbm:
+    return None
+  return (
+      f"not compiled: its arguments alone need {floor / 1e9:.2f} GB per device (their logical bytes, before "
+      f"layout padding), over the {hbm / 1e9:.2f} GB HBM of one {target.name} chip"
+  )
 
 
 def compile_loop(
@@ -311,7 +338,8 @@ def compile_loop(
   kw: `cost.abstract_loop`'s (prompt_len, greedy, random_init) and the method's arguments. On a mesh
   whose model axis does not divide the heads, cfg is laid out first (`sharding.padded_config`). A program the
   target's compiler refuses (e.g. over HBM) is returned with compiled=False and the compiler's message;
-  for an HBM refusal `memory` is `refused_memory`."""
+  for an HBM refusal `memory` is `refused_memory`. One whose arguments alone exceed the chip's HBM
+  (`over_hbm`) is returned so without compiling, `memory` its `argument_floor`."""
   target = parse_target(target) if isinstance(target, str) else target
   # The heads laid out for the mesh as `generate(mesh=)` / `load(mesh=)` lay them out (Huginn-0125's 55 heads
   # are 56 on a model axis of 2, 4 or 8): the cache and the parameters have the decoders' head count.
@@ -321,7 +349,13 @@ def compile_loop(
   loop = cost.abstract_loop(cfg, method, batch=batch, **kw)
   args = (loop.method, target.name, tuple(mesh_shape))
   kv = (cost.kv_leaf_dims(loop.state), cost.slot_bytes(cfg, batch, loop.total_len), loop.total_len)
-  lowered = lower_loop(loop, target, mesh_shape)
+  prog = loop_program(loop, target, mesh_shape)
+  floor = argument_floor(prog.arrays)
+  reason = over_hbm(floor, target)
+  if reason:
+    mem = {"argument_bytes": floor, "temp_bytes": None, "hbm_bytes": None, "fits": False}
+    return AotLoop(*args, False, reason, 0.0, mem, {}, "", *kv)
+  lowered = prog.lower()
   t0 = time.perf_counter()
   try:
     compiled = lowered.compile()

@@ -237,3 +237,27 @@ def test_kv_pin_is_a_no_op_off_tpu():
   x = jax.numpy.zeros((1, 4, 32, 8))
   hlo = jax.jit(lambda b: kvcache.stored(b) * 2).lower(x).compile().as_text()
   assert "layout" not in hlo.lower().replace("entry_computation_layout", "") and "copy" not in hlo
+
+
+@needs_tpu
+@pytest.mark.parametrize("target, mesh", [(TARGET, (1, 1)), ("tpu:v5e:2x4", (2, 4))])
+def test_argument_floor_bounds_the_compilers_arguments(target, mesh):
+  """`argument_floor` (logical shard bytes) never exceeds the compiler's argument bytes per device, which add
+  only layout padding: so a floor over HBM is a refusal the compiler would reach after a whole compile."""
+  loop = aot.cost.abstract_loop(CFG, "loopspec:d1=1,d2=2", batch=2)
+  prog = aot.loop_program(loop, aot.parse_target(target), mesh)
+  r = aot.compile_loop(CFG, "loopspec:d1=1,d2=2", target, mesh, batch=2)
+  assert r.compiled, r.error
+  assert 0 < aot.argument_floor(prog.arrays) <= r.memory["argument_bytes"]
+
+
+@needs_tpu
+def test_arguments_over_hbm_are_refused_before_compiling():
+  """A cache that alone is over one v5e chip (16.91 GB) is refused without a compile, the reason and the
+  floor in the row; the same program on 16 chips is small enough to be left to the compiler."""
+  cfg = CFG.replace(max_len=2**24, dtype="bfloat16")  # four 4.3 GB slots at batch 8
+  r = aot.compile_loop(cfg, "ar", TARGET, batch=8)
+  assert not r.compiled and r.compile_seconds == 0.0 and r.loop_copies is None
+  assert r.error.startswith("not compiled: its arguments alone need") and "tpu:v5e:2x2 chip" in r.error
+  assert r.memory["argument_bytes"] > aot.parse_target(TARGET).hbm_bytes and r.memory["fits"] is False
+  assert aot.over_hbm(r.memory["argument_bytes"] / 16, aot.parse_target("tpu:v5e:4x4")) is None
