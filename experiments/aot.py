@@ -240,14 +240,18 @@ def memory_markdown(rows: list, extra: str = "") -> str:
   """The compiler's memory per device, one line per row (GB = 1e9 bytes): arguments, temporaries, HBM (their
   sum with outputs not aliased to arguments and the code), the chip's HBM, fits, KV copies in loops, and the
   row's field `extra` as a last column where given. A refused row's HBM is the figure the compiler names; its
-  temporaries that figure less the logical arguments."""
+  temporaries that figure less the logical arguments. A row refused before compiling (`aot.over_hbm`) shows
+  its arguments as the floor they are (`≥`) and no HBM."""
   lines = []
   for r in rows:
     fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
     hbm = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
+    args = gb(r["argument_bytes"])
+    if (r.get("error") or "").startswith(aot.NOT_COMPILED):  # refused before compiling: arguments over HBM
+      hbm, args = "- (arguments over HBM, not compiled)", f"≥ {args}"
     copies = "-" if r["loop_copies"] is None else r["loop_copies"]
     chip = aot.parse_target(r["target"]).hbm_bytes
-    cells = row_key_cells(r) + [gb(r["argument_bytes"]), gb(r["temp_bytes"]), hbm, gb(chip), fits, copies]
+    cells = row_key_cells(r) + [args, gb(r["temp_bytes"]), hbm, gb(chip), fits, copies]
     lines.append(cells + ([r[extra]] if extra else []))
   header = (
       "model | method | target | mesh | batch | context | arguments GB | temporaries GB | HBM GB | chip GB | fits"

@@ -318,6 +318,10 @@ def argument_floor(arrays) -> float:
   return float(sum(math.prod(share(x)) * x.dtype.itemsize for x in leaves))
 
 
+# How `over_hbm`'s reason begins: a row refused before compiling (its memory only `argument_floor`).
+NOT_COMPILED = "not compiled: "
+
+
 def over_hbm(floor: float, target: Target) -> Optional[str]:
   """Why a program whose arguments alone take `floor` bytes per device cannot fit the target's chip (None
   when it may): said before compiling, since the compiler would refuse it after a whole compile."""
@@ -325,7 +329,7 @@ def over_hbm(floor: float, target: Target) -> Optional[str]:
   if hbm is None or floor <= hbm:
     return None
   return (
-      f"not compiled: its arguments alone need {floor / 1e9:.2f} GB per device (their logical bytes, before "
+      f"{NOT_COMPILED}its arguments alone need {floor / 1e9:.2f} GB per device (their logical bytes, before "
       f"layout padding), over the {hbm / 1e9:.2f} GB HBM of one {target.name} chip"
   )
 

@@ -9,6 +9,7 @@ import pytest
 
 from loopspec_configs import aot as aot_config
 from loopspec_experiments import aot as report
+from loopspec_jax.analysis import aot
 
 
 def _row(model, method, hbm, **kw):
@@ -104,3 +105,12 @@ def test_a_row_compiled_apart_returns_its_row_or_dies_alone():
   assert tuple(row[k] for k in report.KEY) == key and row["compiled"] is False and row["fits"] is None
   assert "process died" in row["error"] and set(report.ROW_FIELDS) <= set(row)
   assert "| ouro:2p6b | eagle |" in report.memory_markdown([row])
+
+
+def test_a_row_refused_before_compiling_shows_its_floor_and_no_hbm():
+  """A row `aot.over_hbm` refused: its arguments are a floor (`≥`), its HBM not the compiler's (none ran)."""
+  key = ("huginn:0125", "ar", "tpu:v4:2x2x1", "1x1", 8, 8192)
+  row = dict(zip(report.KEY, key), compiled=False, error=aot.over_hbm(189.83e9, aot.parse_target("tpu:v4")))
+  row.update(dict.fromkeys(report.ROW_FIELDS), argument_bytes=189.83e9, fits=False)
+  line = report.memory_markdown([row]).splitlines()[-1]
+  assert "| ≥ 189.83 | - | - (arguments over HBM, not compiled) | 16.37 | **no** | - |" in line
