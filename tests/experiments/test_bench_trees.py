@@ -10,7 +10,6 @@ and a few tokens, every row there and every greedy row equal to its own model's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import jax
@@ -18,21 +17,14 @@ import ml_collections
 import pytest
 
 import helpers
+from loopspec_configs.bench import trees as trees_config
 from loopspec_experiments import bench_trees as bt
-from loopspec_experiments import common
 from loopspec_jax.heads import artefact
 from loopspec_jax.heads import eagle as E
 from loopspec_jax.heads import medusa as hm
 from loopspec_jax.heads import mtp as hmtp
 
 FIXTURE = ("huginn:tiny", 0.05)
-
-
-def _presets():
-  spec = importlib.util.spec_from_file_location("bench_trees_config", common.config_path("bench/trees.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
 
 
 def _cfg(methods, **kw):
@@ -147,20 +139,19 @@ def test_heads_lines_efficiency_against_chain():
 
 
 def test_presets_parse():
-  trees = _presets()
-  heads = trees.get_config("heads")
+  heads = trees_config.get_config("heads")
   assert heads.samplings == ["greedy"] and heads.heads_target.eagle_tau == 3.0
   names = {bt.split_entry(e)[0].partition(":")[0] for e in heads.methods}
   assert {"medusa", "eagle", "mtp", "chain", "tree", "loopspec", "draft", "lookup", "lookahead"} <= names
-  assert trees.get_config("heads_quick").num_prompts == 1
-  assert "drafts=distinct" in ";".join(trees.get_config("sampled").methods)
+  assert trees_config.get_config("heads_quick").num_prompts == 1
+  assert "drafts=distinct" in ";".join(trees_config.get_config("sampled").methods)
   with pytest.raises(ValueError, match="unknown preset"):
-    trees.get_config("nope")
+    trees_config.get_config("nope")
 
 
 @pytest.mark.slow  # about 2.5 minutes on the loaded 2-core host (compiles every head method on tiny-raven)
 def test_heads_quick_preset_on_tiny_raven(tmp_path):
-  cfg = _presets().get_config("heads_quick")
+  cfg = trees_config.get_config("heads_quick")
   cfg.out_dir = str(tmp_path)
   bt.run_bench(cfg)
   with open(tmp_path / "bench_trees.json") as f:
