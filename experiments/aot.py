@@ -77,6 +77,13 @@ def row_config(spec: str, dtype: str, context: int, overrides=None):
   return model_configs.model_config(spec, **(overrides or {})).replace(dtype=dtype, max_len=context)
 
 
+# A row's figures (None where the compiler refused it): the compiler's memory per device, the KV copies in while
+# bodies, XLA's cost_analysis (row field: its key), the parser on the TPU HLO and the ideal AR token.
+MEMORY_FIELDS = ("argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "hbm_bytes", "fits")
+XLA_FIELDS = {"xla_bytes": "bytes accessed", "xla_flops": "flops", "xla_optimal_seconds": "optimal_seconds"}
+ROW_FIELDS = (*MEMORY_FIELDS, "loop_copies", *XLA_FIELDS, "parser_bytes", "parser_flops", "ideal_bytes")
+
+
 def measure(
     spec: str, method: str, target: str, mesh: tuple, batch: int, context: int, dtype: str, hlo_dir=None, overrides=None
 ):
@@ -94,14 +101,10 @@ def measure(
       "compiled": r.compiled,
       "error": r.error,
       "compile_seconds": r.compile_seconds,
-      **{k: r.memory.get(k) for k in ("argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "hbm_bytes")},
-      "fits": r.memory.get("fits"),
+      **dict.fromkeys(ROW_FIELDS),
+      **{k: r.memory.get(k) for k in MEMORY_FIELDS},
       "loop_copies": r.loop_copies,
-      "xla_bytes": r.xla_cost.get("bytes accessed"),
-      "xla_flops": r.xla_cost.get("flops"),
-      "xla_optimal_seconds": r.xla_cost.get("optimal_seconds"),
-      "parser_bytes": None,
-      "parser_flops": None,
+      **{k: r.xla_cost.get(name) for k, name in XLA_FIELDS.items()},
       "overrides": overrides or {},
       "host": common.machine_description(),
       "jax": jax.__version__,
@@ -112,23 +115,6 @@ def measure(
     with gzip.open(hlo_path(hlo_dir, tuple(row[k] for k in KEY)), "wt") as fh:
       fh.write(r.hlo)
   return row
-
-
-ROW_FIELDS = (
-    "argument_bytes",
-    "temp_bytes",
-    "output_bytes",
-    "alias_bytes",
-    "hbm_bytes",
-    "fits",
-    "loop_copies",
-    "xla_bytes",
-    "xla_flops",
-    "xla_optimal_seconds",
-    "parser_bytes",
-    "parser_flops",
-    "ideal_bytes",
-)
 
 
 def measure_apart(key: tuple, args: tuple, fn=measure) -> dict:

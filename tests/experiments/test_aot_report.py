@@ -114,3 +114,12 @@ def test_a_row_refused_before_compiling_shows_its_floor_and_no_hbm():
   row.update(dict.fromkeys(report.ROW_FIELDS), argument_bytes=189.83e9, fits=False)
   line = report.memory_markdown([row]).splitlines()[-1]
   assert "| ≥ 189.83 | - | - (arguments over HBM, not compiled) | 16.37 | **no** | - |" in line
+
+
+@pytest.mark.skipif(aot.tpu_unavailable() is not None, reason=f"TPU compiler: {aot.tpu_unavailable()}")
+def test_a_measured_row_has_every_field():
+  """One row compiled at the fixture's size: its key, every figure `ROW_FIELDS` names, and the parser's."""
+  row = report.measure("huginn:tiny", "ar", "tpu:v5e", (1, 1), 1, 32, "bfloat16")
+  assert tuple(row[k] for k in report.KEY) == ("huginn:tiny", "ar", "tpu:v5e:2x2", "1x1", 1, 32)
+  assert row["compiled"] and row["error"] is None and row["fits"] is True and row["loop_copies"] == 0
+  assert all(row[k] is not None for k in report.ROW_FIELDS), [k for k in report.ROW_FIELDS if row[k] is None]
