@@ -12,11 +12,13 @@ from loopspec_jax.analysis import aot
 
 _LOOPSPEC = "ar;loopspec:d1={d1},d2={d2}"
 _ALL_MODELS = "huginn:0125,ouro:1p4b,ouro:2p6b,raven_llama:3p2_1b"
-# The grid asked for in issue 43: every method of every model on one v5e chip (b1, 2048); AR and LoopSpec on
-# one chip of each generation at batch 1 / 8 and contexts 2048 / 8192; AR and LoopSpec at batch 8 sharded over
-# the meshes docs/scaling.md recommends (v5e-8: 1x8, 2x4; v5e-16: 1x16, 2x8) at both contexts.
+# The grid asked for in issue 43: every method of every model on one v5e chip (b1, 2048), and of Huginn-0125
+# on one v5p chip too (the issue's table: where a v5e chip refuses a method, the memory it takes); AR and
+# LoopSpec on one chip of each generation at batch 1 / 8 and contexts 2048 / 8192; AR and LoopSpec at batch 8
+# sharded over the meshes docs/scaling.md recommends (v5e-8: 1x8, 2x4; v5e-16: 1x16, 2x8) at both contexts.
 FULL_GRIDS = (
     dict(methods=";".join(aot.METHOD_SPECS), other_methods=";".join(aot.METHOD_SPECS)),
+    dict(models="huginn:0125", methods=";".join(aot.METHOD_SPECS), targets="tpu:v5p"),
     dict(methods=_LOOPSPEC, targets="tpu:v5e,tpu:v4,tpu:v5p,tpu:v6e", batches="1,8", contexts="2048,8192"),
     dict(methods=_LOOPSPEC, targets="tpu:v5e:2x4", meshes="1x8,2x4", batches="8", contexts="2048,8192"),
     dict(methods=_LOOPSPEC, targets="tpu:v5e:4x4", meshes="1x16,2x8", batches="8", contexts="2048,8192"),

@@ -68,12 +68,16 @@ def test_overrides_parse_integer_fields():
 
 
 def test_full_preset_is_the_union_of_its_grids_each_row_once():
-  """`--config=configs/aot.py:full`: every method of every model on one v5e chip, AR and LoopSpec on each
-  generation (b1 / b8, 2048 / 8192) and at batch 8 on the v5e-8 and v5e-16 meshes; rows the grids share once."""
+  """`--config=configs/aot.py:full`: every method of every model on one v5e chip (Huginn-0125's on v5p too),
+  AR and LoopSpec on each generation (b1 / b8, 2048 / 8192) and at batch 8 on the v5e-8 and v5e-16 meshes; rows
+  the grids share once."""
   rows = report.grid(aot_config.get_config("full"))
   assert len(rows) == len(set(rows))
   one_chip = [r for r in rows if r[2:] == ("tpu:v5e", (1, 1), 1, 2048)]
   assert len(one_chip) == 4 * 12  # 4 models x every registered method
+  v5p = [r for r in rows if r[2:] == ("tpu:v5p", (1, 1), 1, 2048)]
+  assert len(v5p) == 12 + 3 * 2 and {r[0] for r in v5p if r[1] == "mtp"} == {"huginn:0125"}  # + AR, LS of 3
+  assert len(rows) == 242
   assert ("huginn:0125", "ar", "tpu:v6e", (1, 1), 8, 8192) in rows
   assert ("ouro:2p6b", "loopspec:d1=1,d2=2", "tpu:v5e:4x4", (2, 8), 8, 2048) in rows
   assert not [r for r in rows if r[3] != (1, 1) and (r[4] != 8 or r[1] not in ("ar",) and "d2" not in r[1])]
