@@ -246,6 +246,41 @@ def memory_markdown(rows: list, extra: str = "") -> str:
   return md_table(header, lines)
 
 
+def methods_markdown(rows: list) -> str:
+  """Issue 43's first table, its memory columns, for every method of every model (batch 1, context 2048, one
+  chip): one v5e chip's HBM (the figure the compiler refused where it did) and one v5p chip's arguments /
+  temporaries where that row exists, and the KV copies in the compiled loops (the most of the two). The two
+  cost estimates of each loop come from its kept HLO, read by one parser (`loopspec_experiments.tpu_costs`,
+  compare.md): the rows' own parser fields are of the parser of the day each row was compiled."""
+  chips = {}
+  for r in rows:
+    if r["target"].startswith("tpu:") and (r["mesh"], r["batch"], r["context"]) == ("1x1", 1, 2048):
+      chips.setdefault((r["model"], r["method"]), {})[r["target"].split(":")[1]] = r
+  order = lambda key: (key[0], method_order(key[0], key[1]))
+  lines = []
+  for model, method in sorted((k for k, v in chips.items() if "v5e" in v), key=order):
+    v5e, v5p = chips[(model, method)]["v5e"], chips[(model, method)].get("v5p")
+    fits = {True: "yes", False: "**no**", None: "-"}
+    cells = [model, method, gb(v5e["hbm_bytes"]) + ("" if v5e["compiled"] else " (refused)"), fits[v5e["fits"]]]
+    if v5p is None:
+      cells += ["-"] * 3
+    else:
+      cells += [gb(v5p["argument_bytes"]), gb(v5p["temp_bytes"]), fits[v5p["fits"]]]
+    copies = [r["loop_copies"] for r in (v5e, v5p) if r is not None and r.get("loop_copies") is not None]
+    lines.append(cells + [max(copies) if copies else "-"])
+  header = (
+      "model | method | one v5e chip: HBM GB | fits | one v5p chip: arguments GB | temporaries GB | fits"
+      " | KV copies in loops"
+  )
+  return md_table(header, lines)
+
+
+def method_order(model: str, method: str) -> tuple:
+  """A method's place in `aot.method_specs` at the model's draft depths (after them where it is not one)."""
+  specs = aot.method_specs(**depths(model_configs.model_config(model)))
+  return (specs.index(method), method) if method in specs else (len(specs), method)
+
+
 def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> list:
   """Programs of known traffic, compiled for the target: one bf16 [1, e] x [e, f] matvec (reads the weight,
   e f 2 bytes, once; 2 e f flops), a while loop of 10 iterations of it, and of 10 iterations of two. Each
@@ -360,7 +395,8 @@ def missing_markdown(missing: list) -> str:
 def write_merged(out_dir: str, folders: list, asked: list):
   """merged.md: the compiler's memory of every row of `folders` (each key from the newest folder that has it,
   the folder named per row), and the rows of the configured grid that no folder has, grouped (one per line in
-  not_compiled.md); merged.jsonl: the rows (for `loopspec-plan-memory --config.aot_rows=`)."""
+  not_compiled.md); merged.jsonl: the rows (for `loopspec-plan-memory --config.aot_rows=`); methods.md: the
+  issue's table of every method (`methods_markdown`)."""
   rows = sorted(merged_rows(folders), key=lambda r: (r["model"], r["target"], r["mesh"], r["batch"], r["context"]))
   have = {tuple(r[k] for k in KEY) for r in rows}
   missing = [list(key) for key in itertools.starmap(grid_key, asked) if key not in have]
@@ -370,6 +406,7 @@ def write_merged(out_dir: str, folders: list, asked: list):
     text += missing_markdown(missing) + "\n"
   print(text)
   common.atomic_write_text(os.path.join(out_dir, "merged.md"), text)
+  common.atomic_write_text(os.path.join(out_dir, "methods.md"), methods_markdown(rows) + "\n")
   listing = md_table("model | method | target | mesh | batch | context", missing) + "\n" if missing else ""
   common.atomic_write_text(os.path.join(out_dir, "not_compiled.md"), listing)
   common.atomic_write_text(os.path.join(out_dir, "merged.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))

@@ -127,3 +127,25 @@ def test_a_measured_row_has_every_field():
   assert tuple(row[k] for k in report.KEY) == ("huginn:tiny", "ar", "tpu:v5e:2x2", "1x1", 1, 32)
   assert row["compiled"] and row["error"] is None and row["fits"] is True and row["loop_copies"] == 0
   assert all(row[k] is not None for k in report.ROW_FIELDS), [k for k in report.ROW_FIELDS if row[k] is None]
+
+
+def test_methods_table_puts_each_methods_v5p_row_beside_its_v5e_row():
+  """methods.md: one line per (model, method) at b1 / 2048 on one v5e chip, in `aot.METHOD_SPECS` order, with
+  the v5p chip's arguments / temporaries where that row exists; other rows (meshes, batch 8) left out."""
+
+  def row(method, target, compiled, hbm, **kw):
+    key = dict(zip(report.KEY, ("huginn:0125", method, target, "1x1", 1, 2048)))
+    figures = dict.fromkeys(report.ROW_FIELDS)
+    return {**key, **figures, "compiled": compiled, "hbm_bytes": hbm, "fits": compiled, **kw}
+
+  rows = [
+      row("tree", "tpu:v5e:2x2", False, 17.16e9),
+      row("tree", "tpu:v5p:2x2x1", True, 17.4e9, argument_bytes=12.95e9, temp_bytes=4.4e9, loop_copies=0),
+      row("ar", "tpu:v5e:2x2", True, 15.46e9, loop_copies=0),
+      {**row("ar", "tpu:v5e:2x4", True, 8.3e9), "mesh": "1x8", "batch": 8},
+  ]
+  lines = report.methods_markdown(rows).splitlines()[2:]
+  assert lines == [
+      "| huginn:0125 | ar | 15.46 | yes | - | - | - | 0 |",
+      "| huginn:0125 | tree | 17.16 (refused) | **no** | 12.95 | 4.40 | yes | 0 |",
+  ]
