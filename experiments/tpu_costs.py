@@ -66,6 +66,59 @@ def xla_concat_bitcasts(hlo: str) -> int:
   return walk(entry)
 
 
+class LoopsOnce(hlo_cost.HloCostModel):
+  """The parser with every inner while body counted once, as XLA's cost_analysis counts it (micro `nested`):
+  against the parser's own figure, what XLA leaves out of a loop that runs an inner loop (chain's verify over
+  the recurrences, a head's drafting steps)."""
+
+  def trip_count(self, frame, loop):
+    return 1
+
+
+# Where a gap between XLA's bytes and the parser's comes from (`attribute`), each shown by a micro program of
+# known traffic (micro.jsonl: README of results/tpu_aot/2026-12-07-costs).
+CAUSES = {
+    "nested": "inner loops: XLA counts each once (micro nested), the parser times its trips",
+    "on_chip": "on-chip accesses and the program outside the loop: XLA counts every read, in any memory, and the whole program once (micro reuse)",
+    "rest": "not reproduced by the XLA-like count (XLA's fusion byte rules)",
+}
+GAP = 0.25
+
+
+def attribute(c: dict) -> List[str]:
+  """The causes (`CAUSES` keys) of a loop's gap where XLA's bytes and the parser's (widest branch) differ by
+  more than `GAP`, from three steps between them: the parser with its inner loops once (`LoopsOnce`), then the
+  XLA-like count (every op's operands and output whole, in any memory; loops once), then XLA. A step is a
+  cause where it moves the figure by more than `GAP` of the parser's towards XLA ("rest": either way); where
+  none does, the largest step towards XLA."""
+  parser, once, like, xla = (
+      c[k] for k in ("parser_bytes_max", "parser_bytes_loops_once", "xla_like_bytes", "xla_bytes")
+  )
+  if abs(xla / parser - 1) <= GAP:
+    return []
+  steps = {"nested": once - parser, "on_chip": like - once, "rest": xla - like}
+  towards = {k: d for k, d in steps.items() if (d > 0) == (xla > parser)}
+  causes = [k for k, d in steps.items() if abs(d) > GAP * parser and (k in towards or k == "rest")]
+  return causes or [max(towards, key=lambda k: abs(towards[k]))]
+
+
+def gaps_markdown(costs: List[dict]) -> str:
+  """Per loop: the parser (widest branch), the parser with inner loops once, the XLA-like count and XLA's
+  bytes, and the causes of a gap over `GAP` (`attribute`)."""
+  g = common.gb
+  lines = []
+  for c in costs:
+    causes = "; ".join(CAUSES[k] for k in attribute(c)) or "-"
+    ratio = c["xla_bytes"] / c["parser_bytes_max"]
+    cells = [c["model"], c["method"], c["target"], g(c["parser_bytes_max"]), g(c["parser_bytes_loops_once"])]
+    lines.append(cells + [g(c["xla_like_bytes"]), g(c["xla_bytes"]), f"{ratio:.2f}", causes])
+  header = (
+      "model | method | target | parser GB | parser, inner loops once GB | XLA-like GB | XLA GB | XLA / parser |"
+      f" where a gap over {GAP:.0%} comes from"
+  )
+  return common.md_table(header, lines) + "\n"
+
+
 def parse_row(row: dict, hlo: str) -> dict:
   """The parser's iteration under the steady-state and the widest branch, and XLA's corrected seconds."""
   cfg = model_configs.model_config(row["model"]).replace(dtype="bfloat16", max_len=row["context"])
@@ -88,6 +141,7 @@ def parse_row(row: dict, hlo: str) -> dict:
   out["parser_outside_copies"] = whole.bytes["copies"] - step.bytes["copies"]
   n = xla_concat_bitcasts(hlo)
   out["xla_like_bytes"] = micro.xla_like_bytes(hlo)
+  out["parser_bytes_loops_once"] = LoopsOnce(hlo, kv, slot, "max").analyze().total_bytes
   out.update(
       ladder=list(widths),
       xla_bytes=row["xla_bytes"],
@@ -202,6 +256,7 @@ def main(argv: Optional[List[str]] = None):
   ap.add_argument("--hlo_dir", default="/tmp/aot_hlo", help="comma-separated: the kept HLO of each rows file")
   ap.add_argument("--out_dir", default=OUT)
   ap.add_argument("--micro", action="store_true", help="the programs of known traffic (analysis/micro.py)")
+  ap.add_argument("--gaps_only", action="store_true", help="only costs.jsonl and gaps.md (no projection)")
   a = ap.parse_args(argv)
   reason = aot.tpu_unavailable()
   if reason:
@@ -216,6 +271,9 @@ def main(argv: Optional[List[str]] = None):
     raise SystemExit(f"--rows names {len(rows_files)} files and --hlo_dir {len(hlo_dirs)} folders: one each")
   costs = load(rows_files, hlo_dirs)
   common.atomic_write_text(os.path.join(a.out_dir, "costs.jsonl"), "".join(json.dumps(c) + "\n" for c in costs))
+  common.atomic_write_text(os.path.join(a.out_dir, "gaps.md"), gaps_markdown(costs))
+  if a.gaps_only:
+    return print(gaps_markdown(costs))
   common.atomic_write_text(os.path.join(a.out_dir, "compare.md"), compare_markdown(costs))
   proj = projection(costs)
   common.atomic_write_text(os.path.join(a.out_dir, "projection.json"), json.dumps(proj, indent=1) + "\n")

@@ -223,3 +223,34 @@ def test_projection_divides_each_iteration_by_its_tokens():
   ls = v5e[tpu_costs.METHODS[2]]
   assert ls["parser_ms_per_token"] == pytest.approx(10.0 / (14.5 * 2 / 32)) and ls["xla_ms_per_token"] is None
   assert "tpu:v5e:2x2, tpu:v5p:2x2x1" in tpu_costs.markdown([v5e])
+
+
+def test_loops_once_counts_an_inner_loop_as_xla_does():
+  """`tpu_costs.LoopsOnce`: the parser with the inner loop's 2 trips counted once, as XLA's cost_analysis
+  counts it (micro `nested`): one layer read by the product instead of two; the slice into on-chip memory
+  outside the inner loop unchanged."""
+  from loopspec_experiments import tpu_costs  # noqa: PLC0415
+
+  layer = 64 * 64 * 2
+  once = tpu_costs.LoopsOnce(LOOP).analyze()
+  assert once.bytes["weights"] == layer + 2 * layer and once.flops == 2 * 8 * 64 * 64
+
+
+def test_attribute_names_the_steps_that_carry_a_gap():
+  """A gap under 25% has no cause; an inner loop counted once pulls XLA under the parser; on-chip reads push it
+  over; where no step carries 25% alone, the largest step towards XLA; 'rest' either way."""
+  from loopspec_experiments import tpu_costs  # noqa: PLC0415
+
+  def c(parser, once, like, xla):
+    keys = ("parser_bytes_max", "parser_bytes_loops_once", "xla_like_bytes", "xla_bytes")
+    return dict(zip(keys, (parser, once, like, xla)))
+
+  assert tpu_costs.attribute(c(100, 100, 110, 120)) == []
+  assert tpu_costs.attribute(c(270, 120, 160, 168)) == ["nested"]  # Huginn chain's shape: 0.62
+  assert tpu_costs.attribute(c(19, 19, 33, 33)) == ["on_chip"]  # Huginn LoopSpec's: 1.70
+  assert tpu_costs.attribute(c(100, 90, 115, 130)) == ["on_chip"]
+  assert tpu_costs.attribute(c(100, 100, 100, 160)) == ["rest"]
+  assert tpu_costs.attribute(c(100, 100, 180, 130)) == ["on_chip", "rest"]
+  assert "micro nested" in tpu_costs.gaps_markdown(
+      [{**c(270e9, 120e9, 160e9, 168e9), "model": "m", "method": "chain", "target": "t"}]
+  )
