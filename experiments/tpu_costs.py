@@ -79,27 +79,33 @@ class LoopsOnce(hlo_cost.HloCostModel):
 # known traffic (micro.jsonl: README of results/tpu_aot/2026-12-07-costs).
 CAUSES = {
     "nested": "inner loops: XLA counts each once (micro nested), the parser times its trips",
-    "on_chip": "on-chip accesses and the program outside the loop: XLA counts every read, in any memory, and the whole program once (micro reuse)",
-    "rest": "not reproduced by the XLA-like count (XLA's fusion byte rules)",
+    "on_chip": (
+        "on-chip accesses and the program outside the loop: XLA counts every read in any memory (micro reuse),"
+        " and lies within the XLA-like count of them"
+    ),
+    "rest": "not reproduced: XLA outside the parser-with-loops-once .. XLA-like bracket",
 }
 GAP = 0.25
 
 
 def attribute(c: dict) -> List[str]:
   """The causes (`CAUSES` keys) of a loop's gap where XLA's bytes and the parser's (widest branch) differ by
-  more than `GAP`, from three steps between them: the parser with its inner loops once (`LoopsOnce`), then the
-  XLA-like count (every op's operands and output whole, in any memory; loops once), then XLA. A step is a
-  cause where it moves the figure by more than `GAP` of the parser's towards XLA ("rest": either way); where
-  none does, the largest step towards XLA."""
-  parser, once, like, xla = (
-      c[k] for k in ("parser_bytes_max", "parser_bytes_loops_once", "xla_like_bytes", "xla_bytes")
-  )
+  more than `GAP`. `nested`: counting inner loops once (`LoopsOnce`) moves the parser by more than `GAP`
+  towards XLA. `on_chip`: XLA exceeds that by more than `GAP` (of the parser's figure) and the XLA-like count
+  (every op's operands and output whole, in any memory, loops once) reaches XLA's figure. `rest`: XLA lies
+  outside the bracket of those two counts, widened by `GAP`, or nothing else accounts for the gap."""
+  keys = ("parser_bytes_max", "parser_bytes_loops_once", "xla_like_bytes", "xla_bytes")
+  parser, once, like, xla = (c[k] for k in keys)
   if abs(xla / parser - 1) <= GAP:
     return []
-  steps = {"nested": once - parser, "on_chip": like - once, "rest": xla - like}
-  towards = {k: d for k, d in steps.items() if (d > 0) == (xla > parser)}
-  causes = [k for k, d in steps.items() if abs(d) > GAP * parser and (k in towards or k == "rest")]
-  return causes or [max(towards, key=lambda k: abs(towards[k]))]
+  causes = []
+  if abs(once - parser) > GAP * parser and (once < parser) == (xla < parser):
+    causes.append("nested")
+  if xla - once > GAP * parser and like >= (1 - GAP) * xla:
+    causes.append("on_chip")
+  if not (1 - GAP) * min(once, like) <= xla <= (1 + GAP) * max(once, like) or not causes:
+    causes.append("rest")
+  return causes
 
 
 def gaps_markdown(costs: List[dict]) -> str:
