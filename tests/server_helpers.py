@@ -111,6 +111,11 @@ def expected_stop(model, ref: list, stops: list, eos_id=None) -> tuple:
   return decode(ref), list(ref)
 
 
+# A /health answer slower than this is a stall: tokenizing or generating on the event loop held it 2-3 s.
+# Under it is a loaded host's scheduling (0.11 s was seen with five processes on 2 cores), not a stall.
+HEALTH_STALL_S = 0.5
+
+
 def health_during(base: str, fn) -> tuple:
   """(fn(), latencies): /health is requested every 10 ms (each must answer 200) while fn runs on a thread."""
   import threading

@@ -1,7 +1,7 @@
 """The server as a hostile client and an OpenAI-client user sees it (127.0.0.1, raw HTTP and the openai client).
 
 The three former 500s (`stop: 123`, a lone surrogate, 100k-deep JSON) are OpenAI-style 400s; 404 / 405
-bodies are OpenAI's; a body over the limit is refused within a second; /health answers within 100 ms while a
+bodies are OpenAI's; a body over the limit is refused within a second; /health answers without a stall while a
 maximal prompt is tokenized; a non-streamed request whose client leaves frees its slot within one device
 call; penalties and logit_bias are refused naming the field; chat completions render a chat template (a clear
 400 without one); GET /v1/models/{id}; Retry-After on 429 / 503; usage on a stream only when asked;
@@ -120,7 +120,7 @@ def test_large_body_is_refused_fast(served):
 
 
 def test_health_answers_while_a_maximal_prompt_is_refused(served):
-  """A prompt that fills the body limit: /health keeps answering within 100 ms, and the prompt is refused for
+  """A prompt that fills the body limit: /health keeps answering (under `HEALTH_STALL_S`), and the prompt is refused for
   the context (by the character bound, before it is tokenized: test_server_hostile.py)."""
   _, _, base, _ = served
   overhead = len(json.dumps({"model": MODEL, "prompt": ""}))
@@ -130,7 +130,7 @@ def test_health_answers_while_a_maximal_prompt_is_refused(served):
   post = lambda: requests.post(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
   r, latencies = helpers.health_during(base, post)
   _openai_error(r, 400, "prompt")
-  assert max(latencies, default=0) < 0.1, sorted(latencies)[-5:]
+  assert max(latencies, default=0) < helpers.HEALTH_STALL_S, sorted(latencies)[-5:]
 
 
 def test_text_encoder_equals_the_tokenizer():
