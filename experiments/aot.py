@@ -235,7 +235,7 @@ def memory_markdown(rows: list, extra: str = "") -> str:
     args = gb(r["argument_bytes"])
     if (r.get("error") or "").startswith(aot.NOT_COMPILED):  # refused before compiling: arguments over HBM
       hbm, args = "- (arguments over HBM, not compiled)", f"≥ {args}"
-    copies = "-" if r["loop_copies"] is None else r["loop_copies"]
+    copies = "-" if r.get("loop_copies") is None else r["loop_copies"]  # rows of tpu_costs have none
     chip = aot.parse_target(r["target"]).hbm_bytes
     cells = row_key_cells(r) + [args, gb(r["temp_bytes"]), hbm, gb(chip), fits, copies]
     lines.append(cells + ([r[extra]] if extra else []))
