@@ -198,6 +198,7 @@ def done_keys(path: str) -> set:
 
 
 gb, md_table = common.gb, common.md_table
+FITS = {True: "yes", False: "**no**", None: "-"}  # a row's `fits` in the memory tables
 
 
 def row_key_cells(r: dict) -> list:
@@ -230,7 +231,7 @@ def memory_markdown(rows: list, extra: str = "") -> str:
   its arguments as the floor they are (`≥`) and no HBM."""
   lines = []
   for r in rows:
-    fits = {True: "yes", False: "**no**", None: "-"}[r["fits"]]
+    fits = FITS[r["fits"]]
     hbm = gb(r["hbm_bytes"]) + ("" if r["compiled"] else " (refused)")
     args = gb(r["argument_bytes"])
     if (r.get("error") or "").startswith(aot.NOT_COMPILED):  # refused before compiling: arguments over HBM
@@ -260,12 +261,11 @@ def methods_markdown(rows: list) -> str:
   lines = []
   for model, method in sorted((k for k, v in chips.items() if "v5e" in v), key=order):
     v5e, v5p = chips[(model, method)]["v5e"], chips[(model, method)].get("v5p")
-    fits = {True: "yes", False: "**no**", None: "-"}
-    cells = [model, method, gb(v5e["hbm_bytes"]) + ("" if v5e["compiled"] else " (refused)"), fits[v5e["fits"]]]
+    cells = [model, method, gb(v5e["hbm_bytes"]) + ("" if v5e["compiled"] else " (refused)"), FITS[v5e["fits"]]]
     if v5p is None:
       cells += ["-"] * 3
     else:
-      cells += [gb(v5p["argument_bytes"]), gb(v5p["temp_bytes"]), fits[v5p["fits"]]]
+      cells += [gb(v5p["argument_bytes"]), gb(v5p["temp_bytes"]), FITS[v5p["fits"]]]
     copies = [r["loop_copies"] for r in (v5e, v5p) if r is not None and r.get("loop_copies") is not None]
     lines.append(cells + [max(copies) if copies else "-"])
   header = (

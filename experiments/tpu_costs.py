@@ -277,9 +277,10 @@ def main(argv: Optional[List[str]] = None):
     raise SystemExit(f"--rows names {len(rows_files)} files and --hlo_dir {len(hlo_dirs)} folders: one each")
   costs = load(rows_files, hlo_dirs)
   common.atomic_write_text(os.path.join(a.out_dir, "costs.jsonl"), "".join(json.dumps(c) + "\n" for c in costs))
-  common.atomic_write_text(os.path.join(a.out_dir, "gaps.md"), gaps_markdown(costs))
+  gaps = gaps_markdown(costs)
+  common.atomic_write_text(os.path.join(a.out_dir, "gaps.md"), gaps)
   if a.gaps_only:
-    return print(gaps_markdown(costs))
+    return print(gaps)
   common.atomic_write_text(os.path.join(a.out_dir, "compare.md"), compare_markdown(costs))
   proj = projection(costs)
   common.atomic_write_text(os.path.join(a.out_dir, "projection.json"), json.dumps(proj, indent=1) + "\n")

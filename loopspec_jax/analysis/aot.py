@@ -237,8 +237,7 @@ def refused_memory(error: str, loop: cost.AbstractLoop, devices: int = 1) -> dic
   need = refused_temp_bytes(error)
   if devices > 1:
     return {"hbm_bytes": need, "argument_bytes": None, "temp_bytes": None, "fits": False}
-  leaves = jax.tree_util.tree_leaves((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
-  args = float(sum(x.size * x.dtype.itemsize for x in leaves if hasattr(x, "dtype") and hasattr(x, "size")))
+  args = argument_floor((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
   temp = None if need is None else need - args
   return {"hbm_bytes": need, "argument_bytes": args, "temp_bytes": temp, "fits": False}
 
@@ -301,12 +300,6 @@ def loop_program(loop: cost.AbstractLoop, target: Target, mesh_shape: Tuple[int,
   dec = loop.decoder
   mesh = target_mesh(target, mesh_shape)
   return sharding.program(dec.loop, mesh, loop.params, loop.state, loop.sp, **dec.loop_kw)
-
-
-def lower_loop(loop: cost.AbstractLoop, target: Target, mesh_shape: Tuple[int, int] = (1, 1)):
-  """The decode loop lowered for the target through its sharded entry point, from abstract values; compiles
-  nothing."""
-  return loop_program(loop, target, mesh_shape).lower()
 
 
 def argument_floor(arrays) -> float:
