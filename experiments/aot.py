@@ -16,13 +16,14 @@ Settings: configs/aot.py.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import gzip
 import itertools
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import time
 import types
 
@@ -117,17 +118,42 @@ def measure(
   return row
 
 
+def _send_result(conn, fn, args):
+  """The child of `measure_apart`: `fn(*args)`, or the exception it raised, sent to the parent."""
+  try:
+    result = ("returned", fn(*args))
+  except Exception as e:  # noqa: BLE001 - re-raised in the parent
+    result = ("raised", e)
+  conn.send(result)
+  conn.close()
+
+
 def measure_apart(key: tuple, args: tuple, fn=measure) -> dict:
   """`fn(*args)` in a fresh process, so that no row's compile leaves memory behind in the next (a process that
   compiled 8 real-size rows in turn held 14.1 GB, `jax.clear_caches` between rows or not) and a compile the
-  kernel kills costs its own row only: that row is recorded as not compiled, with the reason."""
+  kernel kills costs its own row only: that row is recorded as not compiled, with the reason. However this
+  process ends (an exception, SIGTERM: `main` turns it into SystemExit), the child is killed with it: no
+  compile is left running orphaned."""
   context = multiprocessing.get_context("spawn")
   start = time.perf_counter()
-  with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-    try:
-      return pool.submit(fn, *args).result()
-    except concurrent.futures.process.BrokenProcessPool as e:
-      error = f"the compiling process died ({e}): killed, e.g. out of host memory"
+  receive, send = context.Pipe(duplex=False)
+  child = context.Process(target=_send_result, args=(send, fn, args), daemon=True)
+  child.start()
+  send.close()
+  try:
+    status, value = receive.recv()
+  except EOFError:  # the child died before it sent anything
+    child.join()
+    error = f"the compiling process died (exit code {child.exitcode}): killed, e.g. out of host memory"
+  else:
+    if status == "raised":
+      raise value
+    return value
+  finally:
+    receive.close()
+    if child.is_alive():
+      child.kill()
+    child.join()
   row = dict(zip(KEY, key), compiled=False, error=error, compile_seconds=time.perf_counter() - start)
   return {**row, **dict.fromkeys(ROW_FIELDS)}
 
@@ -321,9 +347,15 @@ def read_rows(path: str) -> list:
     return [json.loads(line) for line in fh if line.strip()]
 
 
+def _exit_on_sigterm(signum, frame):
+  del frame
+  sys.exit(128 + signum)  # SystemExit unwinds `measure_apart`, which kills its compiling child
+
+
 def main(argv):
   del argv
   f = _CONFIG.value
+  signal.signal(signal.SIGTERM, _exit_on_sigterm)
   reason = next(filter(None, (aot.unavailable(aot.parse_target(t)) for t in common.split_list(f.targets))), None)
   if reason:
     raise SystemExit(f"loopspec-aot: {reason}")

@@ -4,6 +4,9 @@ grid row from the newest folder that has it, the rows asked for that none has) a
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -109,6 +112,65 @@ def test_a_row_compiled_apart_returns_its_row_or_dies_alone():
   assert tuple(row[k] for k in report.KEY) == key and row["compiled"] is False and row["fits"] is None
   assert "process died" in row["error"] and set(report.ROW_FIELDS) <= set(row)
   assert "| ouro:2p6b | eagle |" in report.memory_markdown([row])
+
+
+def _running_children(pid: int) -> list:
+  """The live (not zombie) children of `pid`, from /proc."""
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+      kids = [int(k) for k in fh.read().split()]
+  except FileNotFoundError:
+    return []
+  alive = []
+  for kid in kids:
+    try:
+      with open(f"/proc/{kid}/stat") as fh:
+        if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+          alive.append(kid)
+    except FileNotFoundError:
+      pass
+  return alive
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as fh:
+      return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads children from Linux /proc")
+def test_a_terminated_run_takes_its_compiling_child_with_it():
+  """SIGTERM to `loopspec-aot` (a killed job, a timeout) ends the row's compiling process too: none is left
+  running orphaned, holding memory and a core (it happened: a killed run's compile went on for minutes)."""
+  code = (
+      "import signal, time\n"
+      "from loopspec_experiments import aot as report\n"
+      "signal.signal(signal.SIGTERM, report._exit_on_sigterm)\n"
+      "report.measure_apart(('m', 'ar', 't', '1x1', 1, 1), (600,), time.sleep)\n"
+  )
+  parent, kids = subprocess.Popen([sys.executable, "-c", code]), []
+  try:
+    deadline = time.monotonic() + 60
+    while not _running_children(parent.pid) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    time.sleep(1.0)
+    kids = _running_children(parent.pid)
+    assert kids, "measure_apart started no child"
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not any(_alive(k) for k in kids)
+  finally:  # a failing run leaves nothing behind either
+    for pid in [parent.pid, *kids]:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    parent.wait()
 
 
 def test_a_row_refused_before_compiling_shows_its_floor_and_no_hbm():
