@@ -166,10 +166,12 @@ def reparse(path: str, hlo_dir: str, dtype: str):
     src = hlo_path(hlo_dir, tuple(row[k] for k in KEY))
     mesh = tuple(int(x) for x in row["mesh"].split("x"))
     cfg = row_config(row["model"], dtype, row["context"], row.get("overrides"))
-    cfg = sharding.padded_config(cfg, aot.target_mesh(aot.parse_target(row["target"]), mesh))  # as compile_loop
+    target = aot.parse_target(row["target"])
+    cfg = sharding.padded_config(cfg, aot.target_mesh(target, mesh))  # as compile_loop
     loop = cost.abstract_loop(cfg, row["method"], batch=row["batch"], **aot.stand_in_arguments(cfg, row["method"]))
     if not row["compiled"] and row["error"]:
-      mem = aot.refused_memory(row["error"], loop, mesh[0] * mesh[1])
+      floor = aot.argument_floor(aot.loop_program(loop, target, mesh).arrays)
+      mem = aot.refused_memory(row["error"], floor)
       row.update({k: mem[k] for k in ("hbm_bytes", "argument_bytes", "temp_bytes")})
     if not row["compiled"] or not os.path.exists(src):
       continue

@@ -230,16 +230,13 @@ def refused_temp_bytes(error: str) -> Optional[float]:
   return float(m.group(1)) * 1024.0 ** "KMGT".index(m.group(2)) * 1024 if m else None
 
 
-def refused_memory(error: str, loop: cost.AbstractLoop, devices: int = 1) -> dict:
-  """`memory_row` of a program refused for HBM: hbm_bytes the figure the compiler names, argument_bytes the
-  abstract arguments' logical bytes (without the TPU layouts' padding), temp_bytes their difference. On
-  several devices the arguments' share per device is not known here: both None."""
+def refused_memory(error: str, floor: float) -> dict:
+  """`memory_row` of a program refused for HBM: hbm_bytes the figure the compiler names, argument_bytes
+  `floor` (the program's `argument_floor` per device: its logical bytes, without the TPU layouts' padding, on
+  one chip or a mesh), temp_bytes their difference."""
   need = refused_temp_bytes(error)
-  if devices > 1:
-    return {"hbm_bytes": need, "argument_bytes": None, "temp_bytes": None, "fits": False}
-  args = argument_floor((loop.params, loop.state, loop.sp, loop.decoder.loop_kw))
-  temp = None if need is None else need - args
-  return {"hbm_bytes": need, "argument_bytes": args, "temp_bytes": temp, "fits": False}
+  temp = None if need is None else need - floor
+  return {"hbm_bytes": need, "argument_bytes": floor, "temp_bytes": temp, "fits": False}
 
 
 def xla_cost_row(compiled) -> dict:
@@ -358,9 +355,7 @@ def compile_loop(
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 (the compiler's refusal is a result: reported, not raised)
     msg = str(e).strip().splitlines()[0][:500]
-    return AotLoop(
-        *args, False, msg, time.perf_counter() - t0, refused_memory(msg, loop, math.prod(mesh_shape)), {}, "", *kv
-    )
+    return AotLoop(*args, False, msg, time.perf_counter() - t0, refused_memory(msg, floor), {}, "", *kv)
   seconds = time.perf_counter() - t0
   mem = memory_row(compiled.memory_analysis(), target.hbm_bytes)
   return AotLoop(*args, True, None, seconds, mem, xla_cost_row(compiled), compiled.as_text(), *kv)

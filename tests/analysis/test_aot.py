@@ -63,6 +63,10 @@ def test_refused_temp_bytes():
   msg = "RESOURCE_EXHAUSTED: ... the total memory required for HLO temporaries (31.65G) exceeds available HBM (15.75G)."
   assert aot.refused_temp_bytes(msg) == pytest.approx(31.65 * 1024**3)
   assert aot.refused_temp_bytes("other") is None
+  # on one chip or a mesh: the arguments are the program's floor per device, the rest temporaries
+  mem = aot.refused_memory(msg, 2e9)
+  assert mem["argument_bytes"] == 2e9 and mem["temp_bytes"] == pytest.approx(31.65 * 1024**3 - 2e9)
+  assert mem["fits"] is False and aot.refused_memory("other", 2e9)["temp_bytes"] is None
 
 
 @needs_tpu
