@@ -256,6 +256,16 @@ def load(rows_files: List[str], hlo_dirs: List[str]) -> List[dict]:
   return out
 
 
+def joined(costs: List[dict], earlier_files: List[str]) -> List[dict]:
+  """`costs` and the loops of earlier costs.jsonl files that `costs` lacks (their HLO no longer kept: a
+  costs row is everything the tables need), sorted by key; a key in several earlier files: the first."""
+  by_key = {tuple(c[k] for k in aot_exp.KEY): c for c in costs}
+  for path in earlier_files:
+    for c in aot_exp.read_rows(path):
+      by_key.setdefault(tuple(c[k] for k in aot_exp.KEY), c)
+  return [by_key[k] for k in sorted(by_key)]
+
+
 def main(argv: Optional[List[str]] = None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--rows", default=f"{OUT}/rows.jsonl", help="comma-separated loopspec-aot rows.jsonl files")
@@ -263,6 +273,9 @@ def main(argv: Optional[List[str]] = None):
   ap.add_argument("--out_dir", default=OUT)
   ap.add_argument("--micro", action="store_true", help="the programs of known traffic (analysis/micro.py)")
   ap.add_argument("--gaps_only", action="store_true", help="only costs.jsonl and gaps.md (no projection)")
+  ap.add_argument(
+      "--costs", default="", help="comma-separated costs.jsonl of earlier runs: their loops join (HLO parsed now wins)"
+  )
   a = ap.parse_args(argv)
   reason = aot.tpu_unavailable()
   if reason:
@@ -275,7 +288,7 @@ def main(argv: Optional[List[str]] = None):
   rows_files, hlo_dirs = [p for p in a.rows.split(",") if p], [d for d in a.hlo_dir.split(",") if d]
   if len(rows_files) != len(hlo_dirs):
     raise SystemExit(f"--rows names {len(rows_files)} files and --hlo_dir {len(hlo_dirs)} folders: one each")
-  costs = load(rows_files, hlo_dirs)
+  costs = joined(load(rows_files, hlo_dirs), [p for p in a.costs.split(",") if p])
   common.atomic_write_text(os.path.join(a.out_dir, "costs.jsonl"), "".join(json.dumps(c) + "\n" for c in costs))
   gaps = gaps_markdown(costs)
   common.atomic_write_text(os.path.join(a.out_dir, "gaps.md"), gaps)

@@ -3,6 +3,8 @@ convolutions with batch dims and output dims written as windows, fusions nested 
 spaces, async slices, trip counts whose start is a copy, weights threaded through inner loops; and the
 programs of known traffic (`analysis/micro.py`) compiled for v5e, where libtpu is installed."""
 
+import json
+
 import pytest
 
 from loopspec_jax.analysis import aot
@@ -254,3 +256,17 @@ def test_attribute_names_the_steps_that_carry_a_gap():
   assert tpu_costs.attribute(c(100, 100, 240, 300)) == ["on_chip"]
   row = {**c(270e9, 120e9, 160e9, 168e9), "model": "m", "method": "chain", "target": "t"}
   assert "micro nested" in tpu_costs.gaps_markdown([row])
+
+
+def test_earlier_costs_join_where_no_hlo_was_parsed(tmp_path):
+  """`--costs`: a loop of an earlier costs.jsonl (its HLO no longer kept) joins the table, unless the HLO
+  parsed now has the same loop; the result sorted by key."""
+  from loopspec_experiments import tpu_costs  # noqa: PLC0415
+
+  def c(model, xla):
+    return {"model": model, "method": "ar", "target": "t", "mesh": "1x1", "batch": 1, "context": 2048, "xla_bytes": xla}
+
+  earlier = tmp_path / "costs.jsonl"
+  earlier.write_text("".join(json.dumps(r) + "\n" for r in (c("b", 1.0), c("a", 2.0))))
+  got = tpu_costs.joined([c("b", 3.0)], [str(earlier)])
+  assert [(r["model"], r["xla_bytes"]) for r in got] == [("a", 2.0), ("b", 3.0)]
