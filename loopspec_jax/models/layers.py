@@ -87,18 +87,27 @@ def _row_waste(size: int, itemsize: int) -> float:
 def kv_pinned(x, like_shape, axes=None):
   """x [..., KV, T, D] pinned, on a TPU, to `kv_order` of the buffer it belongs to (shape `like_shape`, whose
   trailing axes match x's): a read or a written window of a buffer in the buffer's own layout, so neither
-  makes the compiler relay the buffer out: x's axes in the buffer's order. A no-op on other backends."""
+  makes the compiler relay the buffer out: x's axes in the buffer's order. A no-op on other backends.
+
+  On a mesh the order is the buffer's shard's (each axis of `like_shape` split as x's is): a device holding
+  one of Ouro's 16 heads (a model axis of 16) keeps its shard [.., 1, T, D] with the batch, not the heads,
+  under the positions, where the whole buffer's order would put heads (padded 1 -> 2 rows) there and make the
+  compiler relay every buffer out before the loop and back after it (2x the cache in temporaries)."""
   if x.ndim < 3:
     return x
   drop = len(like_shape) - x.ndim
-  order = tuple(i - drop for i in kv_order(like_shape, x.dtype.itemsize) if i >= drop)
+
+  def order(y):  # y: x, or its shard on a mesh
+    local = tuple(like_shape[:drop]) + tuple(s * m // n for s, m, n in zip(like_shape[drop:], y.shape, x.shape))
+    return tuple(i - drop for i in kv_order(local, x.dtype.itemsize) if i >= drop)
+
   return _pinned(x, order, axes)
 
 
-def _pinned(x, order: tuple, axes):
-  """x pinned to the layout `order` (major to minor) in a TPU lowering, per shard on a mesh when `axes` are
-  given; x itself on other backends."""
-  pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=order))
+def _pinned(x, order, axes):
+  """x pinned to the layout `order` (major to minor; or a function of the array pinned, x or its shard, that
+  gives it) in a TPU lowering, per shard on a mesh when `axes` are given; x itself on other backends."""
+  pin = lambda y: with_layout_constraint(y, Layout(major_to_minor=order(y) if callable(order) else order))
   tpu = pin if axes is None else lambda y: rules.per_shard(pin, y, axes)
   return jax.lax.platform_dependent(x, tpu=tpu, default=lambda y: y)
 

@@ -158,6 +158,21 @@ def test_chain_keeps_an_ouro_shaped_cache_in_place():
   assert r.loop_copies == 0
 
 
+@needs_tpu
+def test_loopspec_keeps_one_head_per_device_in_place():
+  """LoopSpec (1, 2) of an Ouro-shaped model (16 KV heads of 128) at batch 8 on a 1x16 mesh: one head per
+  device, whose shard [.., 8, 1, T, 128] the TPU keeps with the batch under the positions. Its pins used the
+  whole buffer's order (heads there, one padded to two rows), so the compiler relaid every core buffer out
+  before the loop and back after it: temporaries 2.2x the cache here, and Ouro-2.6B at 8192 positions refused
+  on v5e-16 (18.56 GiB). Pinned per shard in the shard's order (`layers.kv_pinned`): well under one cache."""
+  cfg = model_config("ouro:tiny", hidden_size=2048, num_heads=16, num_kv_heads=16, head_dim=128)
+  cfg = cfg.replace(intermediate_size=4096, n_core=1, recurrence=4, max_len=2048, dtype="bfloat16")
+  r = aot.compile_loop(cfg, "loopspec:d1=1,d2=2", "tpu:v5e:4x4", (1, 16), batch=8)
+  assert r.compiled, r.error
+  cache = 2 * cfg.recurrence * 8 * 2049 * 128 * 2  # k and v of the core layer, one head, per device
+  assert r.memory["temp_bytes"] < 0.5 * cache and r.loop_copies == 0, r.memory
+
+
 @pytest.mark.skipif(aot.cuda_unavailable() is not None, reason=f"GPU compiler: {aot.cuda_unavailable()}")
 @pytest.mark.parametrize("spec", ["ar", "loopspec:d1=1,d2=2"])
 def test_loop_compiles_for_an_h100_without_a_gpu(spec):
