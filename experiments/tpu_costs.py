@@ -109,17 +109,20 @@ def attribute(c: dict) -> List[str]:
 
 
 def gaps_markdown(costs: List[dict]) -> str:
-  """Per loop: the parser (widest branch), the parser with inner loops once, the XLA-like count and XLA's
-  bytes, and the causes of a gap over `GAP` (`attribute`)."""
+  """Per loop: the parser (widest branch), the parser with inner loops once, the parser's count of the
+  program outside the loop (the prompt's pass, setup: XLA's whole-program figure includes it once), the
+  XLA-like count and XLA's bytes, and the causes of a gap over `GAP` (`attribute`)."""
   g = common.gb
   lines = []
   for c in costs:
     causes = "; ".join(CAUSES[k] for k in attribute(c)) or "-"
     ratio = c["xla_bytes"] / c["parser_bytes_max"]
     cells = [c["model"], c["method"], c["target"], g(c["parser_bytes_max"]), g(c["parser_bytes_loops_once"])]
+    cells.append(g(c["parser_outside_bytes"]))
     lines.append(cells + [g(c["xla_like_bytes"]), g(c["xla_bytes"]), f"{ratio:.2f}", causes])
   header = (
-      "model | method | target | parser GB | parser, inner loops once GB | XLA-like GB | XLA GB | XLA / parser |"
+      "model | method | target | parser GB | parser, inner loops once GB | parser, outside the loop GB |"
+      " XLA-like GB | XLA GB | XLA / parser |"
       f" where a gap over {GAP:.0%} comes from"
   )
   return common.md_table(header, lines) + "\n"
