@@ -326,7 +326,7 @@ def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> li
       ("loop: 10 x 1", looped(1), 1),
       ("loop: 10 x 2", looped(2), 2),
   ):
-    c = jax.jit(fn).lower(x, w).compile()
+    c = aot.compile_only(jax.jit(fn).lower(x, w))
     ca = aot.xla_cost_row(c)
     step = cost.analyze_hlo(c.as_text()) if n and "while" in c.as_text() and name != "one matvec" else None
     rows.append(

@@ -121,7 +121,7 @@ def compile_program(fn: Callable, shapes: Tuple[tuple, ...], target: str = "tpu:
   tgt = aot.parse_target(target)
   sh = jax.sharding.NamedSharding(aot.target_mesh(tgt), jax.sharding.PartitionSpec())
   args = [jax.ShapeDtypeStruct(x, jnp.bfloat16, sharding=sh) for x in shapes]
-  return jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(*args).compile()
+  return aot.compile_only(jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(*args))
 
 
 def measure(target: str = "tpu:v5e", **sizes) -> List[dict]:

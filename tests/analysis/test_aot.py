@@ -7,6 +7,9 @@ loaded 2-core host). At these sizes the compiler keeps caches in on-chip memory;
 copies in HBM (`aot.loop_copies`).
 """
 
+import subprocess
+import sys
+
 import jax
 import pytest
 
@@ -76,6 +79,32 @@ def test_topology_leaves_the_default_backend_alone():
   assert len(devices) == 4 and devices[0].platform == "tpu"
   assert jax.default_backend() == before
   assert float(jax.numpy.ones(3).sum()) == 3.0  # the default backend still runs programs
+
+
+_CACHE_PROBE = """
+import pathlib, sys, jax
+from loopspec_jax.analysis import aot
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+sh = jax.sharding.NamedSharding(aot.target_mesh(aot.parse_target("tpu:v5e")), jax.sharding.PartitionSpec())
+x = jax.ShapeDtypeStruct((128, 256), jax.numpy.bfloat16, sharding=sh)
+lowered = jax.jit(lambda a: (a @ a.T).sum()).lower(x)
+aot.compile_only(lowered) if sys.argv[1] == "compile_only" else lowered.compile()
+assert jax.config.jax_enable_compilation_cache  # restored
+"""
+
+
+@needs_tpu
+def test_a_topology_compile_stays_out_of_the_persistent_cache(tmp_path):
+  """A compile-only executable cannot be loaded back from the persistent compilation cache (a second run
+  warned "PjRtCompiler must be constructed with a Client" and recompiled): `aot.compile_only` writes none,
+  where a plain compile does (each in a fresh process: the cache's folder is fixed at its first use)."""
+  files = {}
+  for how in ("compile", "compile_only"):
+    folder = tmp_path / how
+    subprocess.run([sys.executable, "-c", _CACHE_PROBE, how, str(folder)], check=True, capture_output=True)
+    files[how] = [p for p in folder.rglob("*") if p.is_file()]
+  assert files["compile"] and not files["compile_only"], files
 
 
 @needs_tpu
