@@ -24,6 +24,7 @@ import time
 from typing import Optional, Tuple
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from loopspec_jax.analysis import cost
 from loopspec_jax.analysis.hlo import parse_hlo
@@ -327,13 +328,16 @@ def over_hbm(floor: float, target: Target) -> Optional[str]:
 def compile_only(lowered):
   """lowered.compile() for a topology's devices, past the persistent compilation cache: such an executable
   cannot be loaded back ("PjRtCompiler must be constructed with a Client"), so a cached entry (with
-  `user_cache` or the tests' cache enabled) bought only disk and, on the next run, a warning and a recompile."""
+  `user_cache` or the tests' cache enabled) bought only disk and, on the next run, a warning and a recompile.
+  JAX decides whether to use the cache once per process, so the switch is followed by a reset each way."""
   was = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     return lowered.compile()
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
 
 
 def compile_loop(
