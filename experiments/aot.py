@@ -29,10 +29,9 @@ import types
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 from ml_collections import config_flags
 
-from loopspec_jax.analysis import aot, cost
+from loopspec_jax.analysis import aot, cost, micro
 from loopspec_jax.parallel import sharding
 from loopspec_configs import models as model_configs
 from loopspec_experiments import common
@@ -313,8 +312,6 @@ def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> li
   """Programs of known traffic, compiled for the target: one bf16 [1, e] x [e, f] matvec (reads the weight,
   e f 2 bytes, once; 2 e f flops), a while loop of 10 iterations of it, and of 10 iterations of two. Each
   row: XLA's cost_analysis and the parser's one iteration beside the known figures."""
-  sh = jax.sharding.NamedSharding(aot.target_mesh(aot.parse_target(target)), jax.sharding.PartitionSpec())
-  x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sh) for s in ((1, e), (e, f)))
 
   def looped(n):
     body = lambda c: (c[0] + 1, functools.reduce(lambda y, _: (y @ c[2])[:, :e], range(n), c[1]), c[2])
@@ -326,7 +323,7 @@ def micro_programs(target: str = "tpu:v5e", e: int = 5280, f: int = 17920) -> li
       ("loop: 10 x 1", looped(1), 1),
       ("loop: 10 x 2", looped(2), 2),
   ):
-    c = aot.compile_only(jax.jit(fn).lower(x, w))
+    c = micro.compile_program(fn, ((1, e), (e, f)), target)
     ca = aot.xla_cost_row(c)
     step = cost.analyze_hlo(c.as_text()) if n and "while" in c.as_text() and name != "one matvec" else None
     rows.append(

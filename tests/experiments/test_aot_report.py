@@ -121,15 +121,7 @@ def _running_children(pid: int) -> list:
       kids = [int(k) for k in fh.read().split()]
   except FileNotFoundError:
     return []
-  alive = []
-  for kid in kids:
-    try:
-      with open(f"/proc/{kid}/stat") as fh:
-        if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
-          alive.append(kid)
-    except FileNotFoundError:
-      pass
-  return alive
+  return [kid for kid in kids if _alive(kid)]
 
 
 def _alive(pid: int) -> bool:
